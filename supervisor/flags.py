@@ -1,0 +1,229 @@
+"""vLLM command-line flags as data: parse the user's arguments, change the managed ones, render argv.
+
+Pure. A :class:`Flags` keeps the user's order and spelling for everything it does not touch;
+flags the guard manages are replaced in place, never duplicated. Spellings are normalised the
+way vLLM's ``FlexibleArgumentParser`` does (``--max_model_len`` is ``--max-model-len``), and the
+short aliases ``-tp``/``-pp``/``-dp`` map to their long names.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+#: Flags that take no value (``store_true`` or ``BooleanOptionalAction`` in vLLM).
+BOOLEAN_FLAGS = frozenset(
+    {
+        "--enforce-eager",
+        "--trust-remote-code",
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching",
+        "--disable-log-requests",
+        "--enable-log-requests",
+        "--disable-log-stats",
+        "--disable-custom-all-reduce",
+        "--disable-sliding-window",
+        "--disable-frontend-multiprocessing",
+        "--enable-auto-tool-choice",
+        "--enable-lora",
+        "--use-v2-block-manager",
+        "--disable-fastapi-docs",
+        "--enable-sleep-mode",
+        "--calculate-kv-scales",
+        "--skip-tokenizer-init",
+        "--disable-hybrid-kv-cache-manager",
+        "--enable-expert-parallel",
+        "--headless",
+        "--async-scheduling",
+        "--enable-server-load-tracking",
+        "--enable-prompt-tokens-details",
+        "--enable-force-include-usage",
+        "--fully-sharded-loras",
+        "--enable-eplb",
+    }
+)
+
+ALIASES = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-q": "--quantization",
+}
+
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def canonical(name: str) -> str:
+    """``--max_model_len`` -> ``--max-model-len``; ``-tp`` -> ``--tensor-parallel-size``."""
+    if name in ALIASES:
+        return ALIASES[name]
+    if name.startswith("--"):
+        return "--" + name[2:].replace("_", "-")
+    return name
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and not _NUMBER.match(token) and token != "-"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str | None      # canonical flag name; None for a positional token
+    value: str | None     # None for a boolean flag
+    raw: str | None = None  # the user's spelling of the name, kept when rendering
+
+    def tokens(self) -> list[str]:
+        if self.name is None:
+            return [self.value or ""]
+        name = self.raw or self.name
+        return [name] if self.value is None else [name, self.value]
+
+
+class Flags:
+    """An ordered, immutable set of vLLM arguments."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: Iterable[_Entry] = ()) -> None:
+        self._entries: tuple[_Entry, ...] = tuple(entries)
+
+    @classmethod
+    def parse(cls, args: Sequence[str] | str) -> "Flags":
+        """Parse argv tokens (or a shell string) the way vLLM's argparse would see them."""
+        tokens = shlex.split(args) if isinstance(args, str) else list(args)
+        entries: list[_Entry] = []
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            i += 1
+            if not _is_flag(tok):
+                entries.append(_Entry(None, tok))
+                continue
+            raw, eq, inline = tok.partition("=")
+            name = canonical(raw)
+            keep_raw = raw if raw in ALIASES or raw.startswith("-") and not raw.startswith("--") else None
+            if eq:
+                entries.append(_Entry(name, inline, keep_raw))
+            elif name in BOOLEAN_FLAGS or name.startswith("--no-") or i >= len(tokens) or _is_flag(tokens[i]):
+                entries.append(_Entry(name, None, keep_raw))
+            else:
+                entries.append(_Entry(name, tokens[i], keep_raw))
+                i += 1
+        return cls(entries)
+
+    # -- queries ---------------------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        name = canonical(name)
+        return any(e.name == name for e in self._entries)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        """The value of the last occurrence (argparse semantics); ``""`` for a boolean flag."""
+        name = canonical(name)
+        for e in reversed(self._entries):
+            if e.name == name:
+                return "" if e.value is None else e.value
+        return default
+
+    def get_int(self, name: str) -> int | None:
+        return parse_int(self.get(name))
+
+    def get_float(self, name: str) -> float | None:
+        value = self.get(name)
+        try:
+            return float(value) if value else None
+        except ValueError:
+            return None
+
+    def enabled(self, name: str) -> bool:
+        """True for a boolean flag that is on (``--x`` present and not undone by ``--no-x``)."""
+        name = canonical(name)
+        neg = "--no-" + name[2:]
+        state = False
+        for e in self._entries:
+            if e.name == name:
+                state = e.value is None or e.value.lower() not in ("false", "0", "no")
+            elif e.name == neg:
+                state = False
+        return state
+
+    def positionals(self) -> list[str]:
+        return [e.value or "" for e in self._entries if e.name is None]
+
+    def names(self) -> list[str]:
+        return [e.name for e in self._entries if e.name is not None]
+
+    # -- changes (each returns a new Flags) --------------------------------------------------
+    def set(self, name: str, value: str | int | float | None = None) -> "Flags":
+        """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood."""
+        name = canonical(name)
+        text = None if value is None else _fmt(value)
+        new = _Entry(name, text)
+        out: list[_Entry] = []
+        placed = False
+        neg = "--no-" + name[2:]
+        for e in self._entries:
+            if e.name in (name, neg):
+                if not placed:
+                    out.append(new)
+                    placed = True
+                continue
+            out.append(e)
+        if not placed:
+            out.append(new)
+        return Flags(out)
+
+    def remove(self, name: str) -> "Flags":
+        name = canonical(name)
+        neg = "--no-" + name[2:]
+        return Flags(e for e in self._entries if e.name not in (name, neg))
+
+    def argv(self) -> list[str]:
+        out: list[str] = []
+        for e in self._entries:
+            out.extend(e.tokens())
+        return out
+
+    def as_dict(self) -> dict[str, str]:
+        """Flag -> value (``""`` for booleans); the last occurrence wins."""
+        return {e.name: ("" if e.value is None else e.value) for e in self._entries if e.name}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Flags) and self.argv() == other.argv()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.argv()))
+
+    def __repr__(self) -> str:
+        return f"Flags({shlex.join(self.argv())!r})"
+
+
+def diff(before: Flags, after: Flags) -> dict[str, tuple[str | None, str | None]]:
+    """Flags whose value differs: name -> (before, after); ``None`` means absent."""
+    a, b = before.as_dict(), after.as_dict()
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _fmt(value: str | int | float) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+    return str(value)
+
+
+_SUFFIX = {"k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_int(value: str | None) -> int | None:
+    """vLLM's ``human_readable_int``: ``32k`` = 32000, ``32K`` = 32768; ``auto``/``-1`` -> None."""
+    if value is None or value == "":
+        return None
+    value = value.strip()
+    if value in ("auto", "-1"):
+        return None
+    try:
+        if value[-1] in _SUFFIX:
+            return int(float(value[:-1]) * _SUFFIX[value[-1]])
+        return int(value)
+    except (ValueError, IndexError):
+        return None

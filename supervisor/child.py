@@ -1,0 +1,218 @@
+"""The vLLM child process: spawn it in its own process group, stream both pipes line by line, stop it.
+
+Lines can exceed 64 KiB, hold invalid UTF-8, NUL bytes or lone ``\\r`` (tqdm bars), or never end:
+:class:`LineSplitter` turns arbitrary chunks into bounded lines, so memory stays bounded whatever
+the child prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Callable, Mapping, Sequence
+
+from supervisor import procs
+
+MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
+CHUNK = 64 * 1024
+
+
+class LineSplitter:
+    """Bytes in, complete lines out (split on ``\\n``, ``\\r\\n`` and lone ``\\r``); pure."""
+
+    __slots__ = ("_buf", "_skipping", "_pending_cr", "max_line")
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self._buf = bytearray()
+        self._skipping = False        # inside an over-long line: drop until its end
+        self._pending_cr = False      # the last chunk ended in \r: a following \n belongs to it
+        self.max_line = max_line
+
+    def feed(self, data: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        start = 0
+        if self._pending_cr and data[:1] == b"\n":
+            start = 1
+        self._pending_cr = False
+        n = len(data)
+        i = start
+        while i < n:
+            j_n = data.find(b"\n", i)
+            j_r = data.find(b"\r", i)
+            if j_n < 0 and j_r < 0:
+                self._append(data[i:], out)
+                break
+            j = j_n if j_r < 0 or (0 <= j_n < j_r) else j_r
+            self._append(data[i:j], out)
+            if self._skipping:
+                self._skipping = False
+            else:
+                out.append(bytes(self._buf))
+            self._buf.clear()
+            if data[j:j + 1] == b"\r":
+                if j + 1 < n and data[j + 1:j + 2] == b"\n":
+                    j += 1
+                elif j + 1 == n:
+                    self._pending_cr = True
+            i = j + 1
+        return out
+
+    def _append(self, piece: bytes, out: list[bytes]) -> None:
+        if self._skipping or not piece:
+            return
+        room = self.max_line - len(self._buf)
+        if len(piece) <= room:
+            self._buf += piece
+            return
+        self._buf += piece[:room]
+        out.append(bytes(self._buf))
+        self._buf.clear()
+        self._skipping = True
+
+    def close(self) -> list[bytes]:
+        """The unterminated last line, if any."""
+        rest = [] if self._skipping or not self._buf else [bytes(self._buf)]
+        self._buf.clear()
+        self._skipping = False
+        return rest
+
+
+LineHandler = Callable[[bytes, str], None]   # (line without newline, "stdout" | "stderr")
+
+
+class Child:
+    """One launch of vLLM."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: LineHandler,
+                 state_dir: str | None = None) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.on_line = on_line
+        self.state_dir = state_dir
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self.pgid: int | None = None
+        self._readers: list[asyncio.Task[None]] = []
+        self.tree: dict[int, float] = {}      # pid -> create_time of every process seen in the launch
+
+    async def start(self) -> None:
+        """Spawn; raises OSError (e.g. the command does not exist)."""
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,          # own session and process group
+            preexec_fn=procs.preexec_pdeathsig,
+        )
+        self.pid = self.proc.pid
+        self.pgid = self.proc.pid
+        if self.state_dir:
+            procs.record_launch(self.state_dir, self.pid, self.pgid)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            asyncio.create_task(self._pump(self.proc.stdout, "stdout")),
+            asyncio.create_task(self._pump(self.proc.stderr, "stderr")),
+        ]
+
+    async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
+        splitter = LineSplitter()
+        while True:
+            try:
+                data = await stream.read(CHUNK)
+            except (OSError, ValueError):
+                break
+            if not data:
+                break
+            for line in splitter.feed(data):
+                self.on_line(line, name)
+        for line in splitter.close():
+            self.on_line(line, name)
+
+    def remember_tree(self) -> None:
+        """Record the launch's processes now (engine and workers), to end or watch them later."""
+        if self.pid is None:
+            return
+        for p in procs.snapshot_tree(self.pid):
+            try:
+                self.tree.setdefault(p.pid, p.create_time())
+            except Exception:
+                continue
+
+    def lost_processes(self) -> list[int]:
+        """Pids of the launch's recorded processes that are gone (e.g. the engine died)."""
+        import psutil
+
+        gone = []
+        for pid, created in self.tree.items():
+            try:
+                if psutil.Process(pid).create_time() != created:
+                    gone.append(pid)
+                elif psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    gone.append(pid)
+            except psutil.NoSuchProcess:
+                gone.append(pid)
+            except psutil.Error:
+                continue
+        return gone
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        return await self.proc.wait()
+
+    async def stop(self, grace: float) -> int | None:
+        """SIGTERM the group and every process of the launch, SIGKILL after ``grace``, reap."""
+        if self.proc is None:
+            return None
+        import psutil
+
+        self.remember_tree()
+        victims = []
+        for pid, created in self.tree.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created:
+                    victims.append(p)
+            except psutil.Error:
+                continue
+        if self.state_dir:
+            victims.extend(p for p in procs.marked_processes(self.state_dir)
+                           if p.pid not in {v.pid for v in victims})
+        await procs.end_processes_async(victims, self.pgid, grace)
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout=max(grace, 1.0) + 5)
+        except asyncio.TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
+            try:
+                os.killpg(self.pgid or self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            code = await self.proc.wait()
+        await self.drain()
+        if self.state_dir:
+            procs.clear_launch(self.state_dir)
+        return code
+
+    async def drain(self, timeout: float = 2.0) -> None:
+        """Let the readers deliver what is still in the pipes (bounded)."""
+        if not self._readers:
+            return
+        done, pending = await asyncio.wait(self._readers, timeout=timeout)
+        for t in pending:
+            t.cancel()
+
+
+def passthrough(line: bytes, stream: str) -> None:
+    """Write one vLLM line to the guard's own stdout/stderr, unchanged."""
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    try:
+        out.buffer.write(line + b"\n")
+        out.flush()
+    except (ValueError, OSError, AttributeError):
+        pass

@@ -1,0 +1,413 @@
+"""The relaunch policy: a diagnosis + the current flags -> the next flags, or give up, with the reason.
+
+Pure: no I/O, no clock. One rule per failure kind, using the numbers vLLM printed; each rule
+changes only the flags its failure is about, so a fix for a failure that is not about length
+never touches ``--max-model-len``. The rules' knobs (which remedies are allowed, floors, order,
+margins) are data: :class:`supervisor.config.RemedyConfig`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.config import RemedyConfig
+from supervisor.flags import Flags, parse_int
+from supervisor.model import Diagnosis, Kind
+
+EX_CONFIG = 78      # not healable by flags: a person must change something
+EX_TEMPFAIL = 75    # remedies or launch budget exhausted; the GPU may be freed later
+
+MML = "--max-model-len"
+KV_DTYPE = "--kv-cache-dtype"
+UTIL = "--gpu-memory-utilization"
+EAGER = "--enforce-eager"
+SEQS = "--max-num-seqs"
+BATCHED = "--max-num-batched-tokens"
+OFFLOAD = "--cpu-offload-gb"
+BLOCK = "--block-size"
+
+ADVICE = (
+    "more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), "
+    "or freeing the GPU from other processes"
+)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One flag the guard changed, and why (one sentence)."""
+
+    flag: str
+    old: str | None
+    new: str | None
+    why: str
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """Launch again with ``flags``; ``backoff`` asks the shell to wait first (same flags again)."""
+
+    flags: Flags
+    changes: tuple[Change, ...] = ()
+    why: str = ""
+    backoff: bool = False
+    step: str = ""          # the remedy step taken, recorded in Context.tried
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop supervising: nothing more the guard can change would help."""
+
+    reason: str
+    exit_code: int = EX_TEMPFAIL
+    advice: str = ""
+
+
+Decision = Relaunch | GiveUp
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the policy knows besides the diagnosis and the current flags."""
+
+    requested: Flags = field(default_factory=Flags)     # the user's own vLLM args
+    last_good: Flags | None = None                      # flags of the last healthy launch
+    rules: RemedyConfig = field(default_factory=RemedyConfig)
+    gpu_free_gib: float | None = None
+    gpu_total_gib: float | None = None
+    vllm_version: str | None = None
+    block_size: int | None = None                       # from the log / platform (CPU: 128)
+    derived_max_model_len: int | None = None            # from config.json, when known
+    tried: tuple[str, ...] = ()                         # remedy steps already taken this start-up
+    previous: tuple[Diagnosis, ...] = ()                # earlier failures of this start-up
+    port_failures: int = 0
+    fp8_supported: bool | None = None
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """``0.10.2rc3.dev25+g...`` -> (0, 10, 2); None when unknown or unparseable."""
+    if not version:
+        return None
+    out: list[int] = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out) if out else None
+
+
+def default_utilization(version: str | None) -> float:
+    v = version_tuple(version)
+    return 0.92 if v is not None and v >= (0, 20) else 0.90
+
+
+def default_max_num_seqs(version: str | None) -> int:
+    return 256
+
+
+def default_batched_tokens(version: str | None) -> int:
+    v = version_tuple(version)
+    return 2048 if v is None or v >= (0, 8) else 4096
+
+
+#: First version that accepts a flag the guard may add (all others exist in 0.5–0.33).
+_FLAG_SINCE = {OFFLOAD: (0, 5, 5)}
+
+
+def flag_supported(flag: str, version: str | None) -> bool:
+    """Whether the vLLM in use accepts ``flag``; unknown version: only universal spellings."""
+    since = _FLAG_SINCE.get(flag)
+    if since is None:
+        return True
+    v = version_tuple(version)
+    return v is not None and v >= since
+
+
+def _num(d: Diagnosis, key: str) -> Any:
+    return d.numbers.get(key)
+
+
+def _block(current: Flags, d: Diagnosis, ctx: Context) -> int:
+    return current.get_int(BLOCK) or _num(d, "block_size") or ctx.block_size or 16
+
+
+def _align(n: int, block: int) -> int:
+    return (n // block) * block
+
+
+def _fmt_util(u: float) -> str:
+    return f"{u:.2f}"
+
+
+def _allowed(ctx: Context, name: str) -> bool:
+    return name in ctx.rules.allowed
+
+
+def _set(current: Flags, flag: str, value: str | None, why: str, step: str,
+         summary: str | None = None) -> Relaunch:
+    old = current.get(flag)
+    new_flags = current.set(flag, value)
+    shown = "" if value is None else value
+    return Relaunch(new_flags, (Change(flag, old, shown, why),), summary or why, step=step)
+
+
+# -- the rules --------------------------------------------------------------------------------
+def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    rules = ctx.rules
+    block = _block(current, d, ctx)
+    length = (current.get_int(MML) or _num(d, "max_model_len") or _num(d, "served_max_model_len")
+              or ctx.derived_max_model_len)
+    cap = ctx.requested.get_int(MML) or length          # never above what the user asked
+    fit = _num(d, "fit_max_model_len")
+    source = "vLLM's estimate"
+    if fit is None and _num(d, "kv_needed_gib") and _num(d, "kv_available_gib") and length:
+        # 0.7-0.9.0 print only GiB (rounded to 2 decimals): scale by their ratio, less a margin
+        # of at least one block.
+        ratio = float(_num(d, "kv_available_gib")) / float(_num(d, "kv_needed_gib"))
+        fit = int(length * ratio * (1.0 - rules.kv_margin)) - block
+        source = "the ratio of available to needed KV memory"
+    if fit is None and length:
+        fit = length // 2
+        source = "halving (vLLM printed no size)"
+    if fit is None:
+        return GiveUp("the KV cache is too small, and neither the log nor the flags say the "
+                      "current length", EX_TEMPFAIL, ADVICE)
+    fit = int(fit)
+    if cap:
+        fit = min(fit, cap)
+    new_len = _align(fit, block)
+    floor = rules.min_model_len
+    kv_dtype = (current.get(KV_DTYPE) or "auto").lower()
+    if new_len >= floor and _allowed(ctx, "max_model_len"):
+        if length and new_len >= length:
+            new_len = _align(length // 2, block)    # no progress from the estimate: halve
+        why = (f"the KV cache holds about {fit} tokens ({source}), not {length}; "
+               f"{new_len} is that, aligned down to the {block}-token block")
+        return _set(current, MML, str(new_len), why, "max_model_len")
+    if (kv_dtype == "auto" and _allowed(ctx, "kv_cache_fp8") and ctx.fp8_supported is not False
+            and "kv_cache_fp8" not in ctx.tried):
+        # fp8 halves bytes per token, so the same memory holds twice the tokens.
+        doubled = _align(min(2 * fit, cap or 2 * fit), block)
+        if doubled >= floor:
+            flags = current.set(KV_DTYPE, "fp8")
+            changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8",
+                              f"only {fit} tokens fit, below the floor of {floor}; "
+                              "fp8 KV doubles the capacity")]
+            if not length or doubled < length:
+                flags = flags.set(MML, str(doubled))
+                changes.append(Change(MML, current.get(MML), str(doubled),
+                                      f"about {doubled} tokens fit with fp8 KV"))
+            return Relaunch(flags, tuple(changes), changes[0].why, step="kv_cache_fp8")
+    return GiveUp(
+        f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
+        + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),
+        EX_TEMPFAIL, ADVICE)
+
+
+def _max_len_exceeds(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    derived = _num(d, "derived_max_model_len") or ctx.derived_max_model_len
+    if not derived or not _allowed(ctx, "max_model_len"):
+        return GiveUp("--max-model-len is above the model's maximum, and the log does not say "
+                      "the maximum", EX_CONFIG, "set --max-model-len to the model's context length")
+    derived = int(derived)
+    why = f"the model's config allows at most {derived} tokens"
+    return _set(current, MML, str(derived), why, "max_model_len_derived")
+
+
+def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    free, total = _num(d, "free_gib") or ctx.gpu_free_gib, _num(d, "total_gib") or ctx.gpu_total_gib
+    if not free or not total or not _allowed(ctx, "gpu_memory_utilization"):
+        return GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
+                      "free the GPU, or lower --gpu-memory-utilization")
+    util = math.floor((float(free) / float(total) - ctx.rules.utilization_margin) * 100) / 100
+    current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
+    if util <= 0.05 or util >= current_util:
+        return GiveUp(f"only {free}/{total} GiB is free on the GPU; other processes hold the rest",
+                      EX_TEMPFAIL, "free the GPU (see the processes holding it)")
+    why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
+           f"{_fmt_util(util)} stays under it")
+    return _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
+
+
+def _halve(current: Flags, flag: str, default: int, floor: int, first: int | None = None) -> int | None:
+    now = current.get_int(flag) or first or default
+    new = max(floor, now // 2)
+    return new if new < now else None
+
+
+def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaunch | None:
+    """One step of the no-KV-memory ladder, or None when it does not apply."""
+    rules = ctx.rules
+    if step == "gpu_memory_utilization" and _allowed(ctx, step):
+        now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
+        target = default_utilization(ctx.vllm_version)
+        if ctx.gpu_free_gib and ctx.gpu_total_gib:
+            target = math.floor((ctx.gpu_free_gib / ctx.gpu_total_gib - rules.utilization_margin) * 100) / 100
+        if target > now:
+            return _set(current, UTIL, _fmt_util(target),
+                        f"no memory was left for the KV cache at {_fmt_util(now)}; "
+                        f"{_fmt_util(target)} gives vLLM more", step)
+    elif step == "enforce_eager" and _allowed(ctx, step) and not current.enabled(EAGER):
+        return _set(current, EAGER, None,
+                    "no memory was left for the KV cache; eager mode frees what CUDA graphs and "
+                    "compilation take", step)
+    elif step == "max_num_batched_tokens" and _allowed(ctx, step):
+        new = _halve(current, BATCHED, default_batched_tokens(ctx.vllm_version),
+                     rules.min_max_num_batched_tokens)
+        if new:
+            return _set(current, BATCHED, str(new),
+                        "a smaller batch lowers the activation peak that left no room for KV", step)
+    elif step == "max_num_seqs" and _allowed(ctx, step):
+        new = _halve(current, SEQS, default_max_num_seqs(ctx.vllm_version), rules.min_max_num_seqs)
+        if new:
+            return _set(current, SEQS, str(new),
+                        "fewer concurrent sequences lower the activation peak", step)
+    elif step == "cpu_offload" and rules.cpu_offload_gb > 0 and not current.has(OFFLOAD) \
+            and flag_supported(OFFLOAD, ctx.vllm_version):
+        return _set(current, OFFLOAD, f"{rules.cpu_offload_gb:g}",
+                    f"offloading {rules.cpu_offload_gb:g} GiB of weights to CPU leaves GPU memory "
+                    "for the KV cache (slow)", step)
+    return None
+
+
+def _ladder(steps: tuple[str, ...], prefix: str, d: Diagnosis, current: Flags, ctx: Context,
+            what: str) -> Decision:
+    for step in steps:
+        if f"{prefix}:{step}" in ctx.tried:
+            continue
+        decision = _no_kv_step(step, d, current, ctx)
+        if decision is not None:
+            return Relaunch(decision.flags, decision.changes, decision.why, step=f"{prefix}:{step}")
+    return GiveUp(f"{what}, and every allowed remedy has been tried", EX_TEMPFAIL, ADVICE)
+
+
+def _no_kv(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    return _ladder(ctx.rules.no_kv_order, "no_kv", d, current, ctx,
+                   "the weights and activations leave no memory for the KV cache")
+
+
+def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    dummy = _num(d, "num_dummy_requests")
+    if "oom_profile:max_num_seqs" not in ctx.tried and _allowed(ctx, "max_num_seqs"):
+        new = _halve(current, SEQS, default_max_num_seqs(ctx.vllm_version),
+                     ctx.rules.min_max_num_seqs, first=current.get_int(SEQS) or dummy)
+        if new:
+            return _set(current, SEQS, str(new),
+                        f"CUDA ran out of memory warming up {dummy or 'the'} dummy requests; "
+                        f"{new} sequences need half the activation memory", "oom_profile:max_num_seqs")
+    if "oom_profile:max_num_batched_tokens" not in ctx.tried:
+        step = _no_kv_step("max_num_batched_tokens", d, current, ctx)
+        if step:
+            return Relaunch(step.flags, step.changes, step.why, step="oom_profile:max_num_batched_tokens")
+    if "oom_profile:lower_utilization" not in ctx.tried and _allowed(ctx, "gpu_memory_utilization"):
+        now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
+        new = round(now - 0.05, 2)
+        if new >= 0.5:
+            return _set(current, UTIL, _fmt_util(new),
+                        "profiling ran out of memory; a lower utilization leaves more headroom "
+                        "outside vLLM's budget", "oom_profile:lower_utilization")
+    return GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been "
+                  "tried", EX_TEMPFAIL, ADVICE)
+
+
+def _oom_cudagraph(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    if not current.enabled(EAGER) and _allowed(ctx, "enforce_eager"):
+        return _set(current, EAGER, None,
+                    "capturing CUDA graphs failed or ran out of memory; eager mode skips the capture",
+                    "enforce_eager")
+    return _oom_profile(d, current, ctx)
+
+
+def _oom_runtime(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    base = ctx.last_good or current
+    if not _allowed(ctx, "max_num_seqs"):
+        return Relaunch(base, (), "CUDA ran out of memory while serving; restarting", backoff=True,
+                        step="restart")
+    new = _halve(base, SEQS, default_max_num_seqs(ctx.vllm_version), ctx.rules.min_max_num_seqs)
+    if new is None:
+        return Relaunch(base, (), "CUDA ran out of memory while serving; restarting", backoff=True,
+                        step="restart")
+    return Relaunch(base.set(SEQS, str(new)),
+                    (Change(SEQS, base.get(SEQS), str(new),
+                            "CUDA ran out of memory while serving; fewer concurrent sequences "
+                            "need less activation memory"),),
+                    "CUDA ran out of memory while serving", backoff=True, step="oom_runtime")
+
+
+def _oom_weights(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    step = _no_kv_step("cpu_offload", d, current, ctx)
+    if step is not None:
+        return Relaunch(step.flags, step.changes, step.why, step="oom_weights:cpu_offload")
+    return GiveUp("the model's weights do not fit in GPU memory", EX_TEMPFAIL, ADVICE)
+
+
+def _restart(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    base = ctx.last_good or current
+    what = d.detail or f"the engine died ({d.kind})"
+    return Relaunch(base, (), f"{what}; relaunching with the last good flags", backoff=True,
+                    step="restart")
+
+
+def _config_error(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    text = d.evidence.lower()
+    if "address already in use" in text and ctx.port_failures < ctx.rules.port_retries:
+        return Relaunch(current, (), "the port is in use; the previous holder may be exiting",
+                        backoff=True, step="port_retry")
+    fp8_refused = any(s in text for s in ("fp8", "kv-cache", "kv_cache_dtype", "kv cache dtype"))
+    if fp8_refused and "kv_cache_fp8" in ctx.tried:
+        kv = next((p for p in reversed(ctx.previous) if p.kind is Kind.KV_CACHE_INSUFFICIENT), None)
+        reason = "this GPU refuses fp8 KV cache, and without it the KV cache is below the floor"
+        if kv is not None:
+            reason += f" ({kv.evidence[:200]})"
+        return GiveUp(reason, EX_TEMPFAIL, ADVICE)
+    return GiveUp(d.detail or f"vLLM refused the configuration: {d.evidence[:300]}", EX_CONFIG,
+                  "fix the model name, the arguments or the environment, then start again")
+
+
+_RULES = {
+    Kind.KV_CACHE_INSUFFICIENT: _kv_cache,
+    Kind.MAX_LEN_EXCEEDS_MODEL: _max_len_exceeds,
+    Kind.INSUFFICIENT_FREE_MEMORY: _free_memory,
+    Kind.NO_KV_CACHE_MEMORY: _no_kv,
+    Kind.OOM_CUDAGRAPH: _oom_cudagraph,
+    Kind.OOM_PROFILE: _oom_profile,
+    Kind.OOM_RUNTIME: _oom_runtime,
+    Kind.OOM_WEIGHTS: _oom_weights,
+    Kind.ENGINE_DEAD: _restart,
+    Kind.HEALTHY: _restart,          # an unexplained exit or a hang
+    Kind.CONFIG_ERROR: _config_error,
+}
+
+
+def decide(d: Diagnosis, current: Flags, ctx: Context | None = None) -> Decision:
+    """The next launch after failure ``d`` with ``current`` flags, or why to give up."""
+    ctx = ctx or Context(requested=current)
+    decision = _RULES[d.kind](d, current, ctx)
+    if isinstance(decision, Relaunch) and not decision.backoff and decision.flags == current:
+        return GiveUp(f"{d.kind}: no remedy changes anything", EX_TEMPFAIL, ADVICE)
+    return decision
+
+
+def suggest(d: Diagnosis, flags: str | None = None, rules: RemedyConfig | None = None) -> dict[str, Any]:
+    """What ``diagnose`` prints: whether the failure is healable, and the flags that would fix it."""
+    if d.kind is Kind.HEALTHY:
+        return {"healable": False, "flags": {}, "why": "no failure found"}
+    current = Flags.parse(flags or "")
+    ctx = Context(requested=current, rules=rules or RemedyConfig(),
+                  vllm_version=d.numbers.get("vllm_version"))
+    decision = decide(d, current, ctx)
+    if isinstance(decision, GiveUp):
+        return {"healable": False, "flags": {}, "why": decision.reason,
+                "advice": decision.advice, "exit_code": decision.exit_code}
+    return {
+        "healable": True,
+        "flags": {c.flag: c.new for c in decision.changes},
+        "why": decision.why,
+    }

@@ -1,0 +1,214 @@
+"""One launch of vLLM, watched to its end: failed start, healthy then died, hung, or stopped by us.
+
+The shell around :class:`supervisor.child.Child`: feeds every line to the classifier, probes
+health without ever blocking the loop, notices a dead engine process while the API server
+lingers, and applies the start-up, stall and collection deadlines. The decision of what to do
+next belongs to the guard (and the pure remedy policy), not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from supervisor.child import Child
+from supervisor.diagnosis import Classifier
+from supervisor.health import Prober, ProbeResult
+from supervisor.model import Diagnosis, Kind
+
+# How a launch ended.
+FAILED = "failed"          # never became healthy
+DIED = "died"              # was healthy, then exited / lost its engine / hung
+STOPPED = "stopped"        # we were asked to stop (signal, POST /stop)
+RESTART = "restart"        # POST /restart
+RESET = "reset"            # POST /restart?reset=1
+
+
+@dataclass
+class LaunchResult:
+    end: str
+    diagnosis: Diagnosis
+    was_healthy: bool = False
+    healthy_for: float = 0.0
+    time_to_healthy: float | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class LaunchTimers:
+    startup_timeout: float
+    stall_timeout: float
+    collect_after_fatal: float
+    health_interval: float
+    health_failures: int
+    stop_grace: float
+    startup_probe_interval: float = 1.0
+    engine_watch_interval: float = 1.0
+
+
+@dataclass
+class LaunchHooks:
+    """Callbacks into the guard (all synchronous, cheap)."""
+
+    on_line: Callable[[bytes, str], None] = lambda line, stream: None
+    on_healthy: Callable[[float], None] = lambda seconds: None
+    on_probe: Callable[[ProbeResult], None] = lambda r: None
+    on_unhealthy: Callable[[str], None] = lambda why: None
+    on_recovered: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Watcher:
+    child: Child
+    prober: Prober
+    timers: LaunchTimers
+    hooks: LaunchHooks
+    control: "asyncio.Queue[tuple[str, dict[str, Any]]]"
+    classifier: Classifier = field(default_factory=Classifier)
+    first_fatal: Diagnosis | None = None
+    fatal_at: float | None = None
+    last_output: float = field(default_factory=time.monotonic)
+
+    def line(self, line: bytes, stream: str) -> None:
+        self.last_output = time.monotonic()
+        self.hooks.on_line(line, stream)
+        d = self.classifier.feed(line)
+        if d is not None and self.first_fatal is None:
+            self.first_fatal = d
+            self.fatal_at = time.monotonic()
+            self._fatal.set()
+
+    def __post_init__(self) -> None:
+        self._fatal = asyncio.Event()
+
+    async def run(self) -> LaunchResult:
+        t = self.timers
+        started = time.monotonic()
+        exit_task = asyncio.ensure_future(self.child.wait())
+        fatal_task = asyncio.ensure_future(self._fatal.wait())
+        control_task: asyncio.Future[Any] = asyncio.ensure_future(self.control.get())
+        probe_task: asyncio.Task[ProbeResult] | None = None
+        healthy_at: float | None = None
+        next_probe = started + t.startup_probe_interval
+        next_engine_check = 0.0
+        failures = 0
+        try:
+            while True:
+                now = time.monotonic()
+                # -- our own commands first: a stop must never wait for anything else --
+                if control_task.done():
+                    cmd, args = control_task.result()
+                    end = STOPPED if cmd == "stop" else (RESET if args.get("reset") else RESTART)
+                    code = await self.child.stop(t.stop_grace)
+                    return self._result(end, Diagnosis(Kind.HEALTHY, detail=f"{cmd} requested"),
+                                        healthy_at, started, code)
+                # -- the process exited (any code: vLLM exits 0 after its engine dies) --
+                if exit_task.done():
+                    code = exit_task.result()
+                    await self.child.drain()
+                    await self.child.stop(t.stop_grace)     # its engine/workers may linger
+                    return self._ended(code, healthy_at, started,
+                                       f"vLLM exited with code {code}")
+                # -- a fatal line: collect what follows briefly, then stop without waiting --
+                if self.fatal_at is not None and now >= self.fatal_at + t.collect_after_fatal:
+                    code = await self.child.stop(t.stop_grace)
+                    return self._ended(code, healthy_at, started, "fatal error")
+                # -- probes: one at a time, never blocking this loop --
+                if probe_task is not None and probe_task.done():
+                    r = probe_task.result()
+                    probe_task = None
+                    self.hooks.on_probe(r)
+                    if r.ok:
+                        if healthy_at is None:
+                            healthy_at = time.monotonic()
+                            self.child.remember_tree()
+                            self.hooks.on_healthy(healthy_at - started)
+                        elif failures:
+                            self.hooks.on_recovered()
+                        failures = 0
+                    elif healthy_at is not None:
+                        failures += 1
+                        self.hooks.on_unhealthy(r.error or f"HTTP {r.status}")
+                        if failures >= t.health_failures:
+                            code = await self.child.stop(t.stop_grace)
+                            d = self._verdict(code) if self.first_fatal else Diagnosis(
+                                Kind.ENGINE_DEAD,
+                                evidence=f"{failures} health probes failed in a row: {r.error}",
+                                phase="serving",
+                                detail="vLLM is alive but does not answer (hung)")
+                            return LaunchResult(DIED, d, True, time.monotonic() - healthy_at,
+                                                None, code)
+                    next_probe = time.monotonic() + (
+                        t.health_interval if healthy_at is not None else t.startup_probe_interval)
+                if probe_task is None and now >= next_probe and self.fatal_at is None:
+                    probe_task = asyncio.ensure_future(self.prober.probe())
+                # -- a lost engine process while the API server lingers --
+                if healthy_at is not None and now >= next_engine_check:
+                    next_engine_check = now + t.engine_watch_interval
+                    lost = self.child.lost_processes()
+                    if lost and self.fatal_at is None:
+                        self.fatal_at = now
+                        self._lost = lost
+                # -- start-up deadlines --
+                if healthy_at is None:
+                    if now - started > t.startup_timeout:
+                        code = await self.child.stop(t.stop_grace)
+                        return self._timeout(code, started,
+                                             f"not healthy within {t.startup_timeout:g} s")
+                    if now - self.last_output > t.stall_timeout:
+                        code = await self.child.stop(t.stop_grace)
+                        return self._timeout(code, started,
+                                             f"no output for {t.stall_timeout:g} s while starting")
+                waits = [exit_task, fatal_task, control_task]
+                if probe_task is not None:
+                    waits.append(probe_task)
+                await asyncio.wait(waits, timeout=self._tick(now, next_probe, healthy_at),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if fatal_task.done() and self.fatal_at is not None:
+                    fatal_task = asyncio.ensure_future(asyncio.Event().wait())   # fired once
+        finally:
+            for task in (fatal_task, control_task, probe_task):
+                if task is not None and not task.done():
+                    task.cancel()
+            if not exit_task.done():
+                exit_task.cancel()
+
+    def _tick(self, now: float, next_probe: float, healthy_at: float | None) -> float:
+        deadlines = [next_probe - now, 1.0]
+        if self.fatal_at is not None:
+            deadlines.append(self.fatal_at + self.timers.collect_after_fatal - now)
+        return max(0.01, min(deadlines))
+
+    def _verdict(self, code: int | None) -> Diagnosis:
+        return self.classifier.diagnose(code)
+
+    def _ended(self, code: int | None, healthy_at: float | None, started: float,
+               how: str) -> LaunchResult:
+        d = self._verdict(code)
+        lost = getattr(self, "_lost", None)
+        if d.kind is Kind.HEALTHY:   # nothing in the log explains it
+            phase = "serving" if healthy_at is not None else self.classifier.phase
+            if lost:
+                evidence = f"engine process(es) {', '.join(map(str, lost))} exited while serving"
+            else:
+                evidence = f"{how}" + (" while serving" if healthy_at is not None
+                                       else " before becoming healthy")
+            d = Diagnosis(Kind.ENGINE_DEAD, evidence=evidence, numbers=dict(d.numbers), phase=phase,
+                          detail="the engine died without a message")
+        if healthy_at is not None:
+            return LaunchResult(DIED, d, True, time.monotonic() - healthy_at, None, code)
+        return LaunchResult(FAILED, d, False, 0.0, None, code)
+
+    def _timeout(self, code: int | None, started: float, why: str) -> LaunchResult:
+        d = self._verdict(code)
+        if d.kind is Kind.HEALTHY:
+            d = Diagnosis(Kind.ENGINE_DEAD, evidence=why, numbers=dict(d.numbers),
+                          phase=self.classifier.phase, detail=f"vLLM hung while starting: {why}")
+        return LaunchResult(FAILED, d, False, 0.0, None, code)
+
+    def _result(self, end: str, d: Diagnosis, healthy_at: float | None, started: float,
+                code: int | None) -> LaunchResult:
+        healthy_for = time.monotonic() - healthy_at if healthy_at is not None else 0.0
+        return LaunchResult(end, d, healthy_at is not None, healthy_for, None, code)

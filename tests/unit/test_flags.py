@@ -1,0 +1,52 @@
+"""Flags as data: parse the user's vLLM args, replace managed flags, never duplicate."""
+
+from supervisor.flags import Flags, diff, parse_int
+
+
+def test_parse_forms_and_get():
+    f = Flags.parse(["--max_model_len=8192", "-tp", "2", "--enforce-eager", "--api-key", "s3cret",
+                     "--served-model-name", "a", "b"])
+    assert f.get("--max-model-len") == "8192"
+    assert f.get_int("--tensor-parallel-size") == 2
+    assert f.enabled("--enforce-eager")
+    assert f.get("--served-model-name") == "a"
+    assert "b" in f.positionals()
+
+
+def test_set_replaces_in_place_and_keeps_spelling_of_others():
+    f = Flags.parse("--foo 1 --max-model-len 131072 --bar")
+    g = f.set("--max-model-len", 65408)
+    assert g.argv() == ["--foo", "1", "--max-model-len", "65408", "--bar"]
+    assert g.argv().count("--max-model-len") == 1
+    assert f.get("--max-model-len") == "131072"        # immutable
+
+
+def test_set_replaces_underscore_spelling_and_duplicates():
+    f = Flags.parse("--max_model_len 4096 --max-model-len 8192")
+    g = f.set("--max-model-len", "2048")
+    assert g.argv() == ["--max-model-len", "2048"]
+
+
+def test_boolean_and_negation():
+    f = Flags.parse("--no-enforce-eager")
+    assert not f.enabled("--enforce-eager")
+    g = f.set("--enforce-eager")
+    assert g.argv() == ["--enforce-eager"] and g.enabled("--enforce-eager")
+
+
+def test_negative_number_is_a_value():
+    f = Flags.parse("--max-model-len -1")
+    assert f.get("--max-model-len") == "-1"
+
+
+def test_remove_and_diff():
+    a = Flags.parse("--port 8000 --max-model-len 8192")
+    b = a.remove("--port").set("--kv-cache-dtype", "fp8")
+    assert diff(a, b) == {"--kv-cache-dtype": (None, "fp8"), "--port": ("8000", None)}
+
+
+def test_parse_int_human_readable():
+    assert parse_int("32k") == 32000
+    assert parse_int("32K") == 32768
+    assert parse_int("auto") is None and parse_int("-1") is None
+    assert parse_int("garbage") is None

@@ -1,0 +1,225 @@
+"""One test (at least) per remedy rule: the numbers vLLM printed -> the next flags, or give up."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.config import RemedyConfig
+from supervisor.flags import Flags
+from supervisor.model import Diagnosis, Kind
+from supervisor import remedy as R
+
+
+def D(kind: Kind, evidence: str = "", **numbers) -> Diagnosis:
+    return Diagnosis(kind, evidence=evidence, numbers=numbers)
+
+
+def ctx(args: str = "", **kw) -> R.Context:
+    return R.Context(requested=Flags.parse(args), **kw)
+
+
+# -- kv_cache_insufficient ------------------------------------------------------------------
+def test_v1_estimate_aligned_down_to_block():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=41840,
+          kv_needed_gib=16.0, kv_available_gib=5.23)
+    out = R.decide(d, Flags.parse(""), ctx())
+    assert isinstance(out, R.Relaunch)
+    assert out.flags.get("--max-model-len") == "41840"          # already a multiple of 16
+    assert [c.flag for c in out.changes] == ["--max-model-len"]
+
+
+def test_cpu_block_128_from_log():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=65408, block_size=128)
+    out = R.decide(d, Flags.parse("--enforce-eager"), ctx("--enforce-eager"))
+    assert out.flags.get("--max-model-len") == "65408"
+    assert out.flags.enabled("--enforce-eager")                 # the user's flags are kept
+
+
+def test_estimate_not_block_aligned_is_aligned_down():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=20001)
+    out = R.decide(d, Flags.parse("--max-model-len 32768"), ctx("--max-model-len 32768"))
+    assert out.flags.get("--max-model-len") == "20000"
+
+
+def test_v0_token_capacity_is_the_fit():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=19200)
+    out = R.decide(d, Flags.parse("--max-model-len 32768"), ctx("--max-model-len 32768"))
+    assert out.flags.get("--max-model-len") == "19200"
+
+
+def test_gib_ratio_when_no_estimate_keeps_a_margin_of_at_least_a_block():
+    # 0.8.4-0.9.0: "(16.00 GiB KV cache is needed ... available KV cache memory (5.23 GiB)"
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, kv_needed_gib=16.0, kv_available_gib=5.23)
+    out = R.decide(d, Flags.parse(""), ctx())
+    new = int(out.flags.get("--max-model-len"))
+    exact = 131072 * 5.23 / 16.0                                # 42844
+    assert new % 16 == 0
+    assert exact * 0.95 <= new <= exact - 16                    # kept >= 95%, below by >= 1 block
+
+
+def test_no_numbers_halves():
+    d = D(Kind.KV_CACHE_INSUFFICIENT)
+    out = R.decide(d, Flags.parse("--max-model-len 32768"), ctx("--max-model-len 32768"))
+    assert out.flags.get("--max-model-len") == "16384"
+
+
+def test_never_above_what_the_user_asked():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=60000)
+    # the user asked 16384 but a previous heal raised nothing; estimate above the ask is capped
+    out = R.decide(d, Flags.parse("--max-model-len 16384"), ctx("--max-model-len 16384"))
+    assert int(out.flags.get("--max-model-len")) <= 16384
+
+
+def test_below_floor_tries_fp8_then_gives_up():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=1500)
+    out = R.decide(d, Flags.parse(""), ctx())
+    assert isinstance(out, R.Relaunch) and out.step == "kv_cache_fp8"
+    assert out.flags.get("--kv-cache-dtype") == "fp8"
+    assert out.flags.get("--max-model-len") == "3000" or out.flags.get("--max-model-len") == "2992"
+    # with fp8 in place, still below the floor: give up with the KV message
+    d2 = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=2992, fit_max_model_len=1000)
+    out2 = R.decide(d2, out.flags, ctx(tried=("kv_cache_fp8",)))
+    assert isinstance(out2, R.GiveUp) and out2.exit_code == R.EX_TEMPFAIL
+    assert "floor" in out2.reason
+
+
+def test_fp8_refused_after_we_added_it_gives_up_with_kv_message():
+    kv = D(Kind.KV_CACHE_INSUFFICIENT, "ValueError: To serve at least one request ...",
+           max_model_len=32768, fit_max_model_len=1500)
+    refused = D(Kind.CONFIG_ERROR, "ValueError: No valid attention backend found for cuda ... "
+                "[kv_cache_dtype not supported]")
+    out = R.decide(refused, Flags.parse("--kv-cache-dtype fp8"),
+                   ctx(tried=("kv_cache_fp8",), previous=(kv,)))
+    assert isinstance(out, R.GiveUp) and out.exit_code == R.EX_TEMPFAIL
+    assert "refuses fp8" in out.reason and "To serve at least one request" in out.reason
+
+
+def test_fp8_not_tried_when_known_unsupported():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=1500)
+    out = R.decide(d, Flags.parse(""), ctx(fp8_supported=False))
+    assert isinstance(out, R.GiveUp)
+
+
+def test_floor_is_configurable():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=1500)
+    out = R.decide(d, Flags.parse(""), ctx(rules=RemedyConfig(min_model_len=1024)))
+    assert out.flags.get("--max-model-len") == "1488"
+
+
+# -- the other kinds --------------------------------------------------------------------------
+def test_max_len_exceeds_model_uses_derived():
+    d = D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=65536, derived_max_model_len=32768)
+    out = R.decide(d, Flags.parse("--max-model-len 65536"), ctx("--max-model-len 65536"))
+    assert out.flags.get("--max-model-len") == "32768"
+
+
+def test_insufficient_free_memory_lowers_utilization_below_free_over_total():
+    d = D(Kind.INSUFFICIENT_FREE_MEMORY, free_gib=60.12, total_gib=79.19, requested_utilization=0.92)
+    out = R.decide(d, Flags.parse(""), ctx())
+    # 60.12/79.19 = 0.7592 - 0.02 = 0.7392 -> 0.73
+    assert out.flags.get("--gpu-memory-utilization") == "0.73"
+    assert not out.flags.has("--max-model-len")                 # not about length
+
+
+def test_insufficient_free_memory_nothing_free_gives_up():
+    d = D(Kind.INSUFFICIENT_FREE_MEMORY, free_gib=0.5, total_gib=79.19, requested_utilization=0.9)
+    assert isinstance(R.decide(d, Flags.parse(""), ctx()), R.GiveUp)
+
+
+def test_no_kv_ladder_in_order():
+    d = D(Kind.NO_KV_CACHE_MEMORY)
+    flags = Flags.parse("--gpu-memory-utilization 0.7 --max-model-len 8192")
+    c = ctx("--gpu-memory-utilization 0.7 --max-model-len 8192")
+    steps = []
+    for _ in range(4):
+        out = R.decide(d, flags, c)
+        assert isinstance(out, R.Relaunch)
+        steps.append(out.step)
+        flags = out.flags
+        c = R.Context(requested=c.requested, tried=c.tried + (out.step,))
+    assert steps == ["no_kv:gpu_memory_utilization", "no_kv:enforce_eager",
+                     "no_kv:max_num_batched_tokens", "no_kv:max_num_seqs"]
+    assert flags.get("--gpu-memory-utilization") == "0.90"
+    assert flags.enabled("--enforce-eager")
+    assert flags.get("--max-num-batched-tokens") == "1024"
+    assert flags.get("--max-num-seqs") == "128"
+    assert flags.get("--max-model-len") == "8192"               # length untouched
+    out = R.decide(d, flags, c)
+    assert isinstance(out, R.GiveUp)                            # cpu offload is off by default
+
+
+def test_no_kv_cpu_offload_when_allowed():
+    d = D(Kind.NO_KV_CACHE_MEMORY)
+    rules = RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=8)
+    out = R.decide(d, Flags.parse(""), ctx(rules=rules, vllm_version="0.10.2"))
+    assert out.flags.get("--cpu-offload-gb") == "8"
+
+
+def test_oom_cudagraph_enforce_eager():
+    d = D(Kind.OOM_CUDAGRAPH)
+    out = R.decide(d, Flags.parse("--max-model-len 8192"), ctx("--max-model-len 8192"))
+    assert out.flags.enabled("--enforce-eager")
+    assert out.flags.get("--max-model-len") == "8192"
+
+
+def test_oom_profile_halves_from_dummy_count():
+    d = D(Kind.OOM_PROFILE, num_dummy_requests=1024)
+    out = R.decide(d, Flags.parse(""), ctx())
+    assert out.flags.get("--max-num-seqs") == "512"
+    out2 = R.decide(d, out.flags, ctx(tried=(out.step,)))
+    assert out2.flags.get("--max-num-batched-tokens") == "1024"
+    out3 = R.decide(d, out2.flags, ctx(tried=(out.step, out2.step)))
+    assert out3.flags.get("--gpu-memory-utilization") == "0.85"
+
+
+def test_oom_runtime_halves_seqs_on_last_good():
+    good = Flags.parse("--max-model-len 8192 --max-num-seqs 64")
+    out = R.decide(D(Kind.OOM_RUNTIME), Flags.parse("--max-model-len 8192 --max-num-seqs 64"),
+                   ctx(last_good=good))
+    assert out.flags.get("--max-num-seqs") == "32" and out.backoff
+
+
+def test_oom_weights_gives_up_without_offload():
+    out = R.decide(D(Kind.OOM_WEIGHTS), Flags.parse(""), ctx())
+    assert isinstance(out, R.GiveUp) and "quantized" in out.advice
+
+
+def test_engine_dead_relaunches_last_good_unchanged_with_backoff():
+    good = Flags.parse("--max-model-len 8192")
+    out = R.decide(D(Kind.ENGINE_DEAD), Flags.parse("--max-model-len 8192"), ctx(last_good=good))
+    assert out.flags == good and out.changes == () and out.backoff
+
+
+def test_config_error_gives_up_78():
+    out = R.decide(D(Kind.CONFIG_ERROR, "vllm: error: unrecognized arguments: --foo"),
+                   Flags.parse("--foo 1"), ctx())
+    assert isinstance(out, R.GiveUp) and out.exit_code == R.EX_CONFIG
+
+
+def test_port_in_use_retried_then_config_error():
+    d = D(Kind.CONFIG_ERROR, "OSError: [Errno 98] Address already in use")
+    out = R.decide(d, Flags.parse(""), ctx())
+    assert isinstance(out, R.Relaunch) and out.backoff
+    out = R.decide(d, Flags.parse(""), ctx(port_failures=3))
+    assert isinstance(out, R.GiveUp) and out.exit_code == R.EX_CONFIG
+
+
+def test_remedy_disallowed_by_config():
+    rules = RemedyConfig(allowed=("kv_cache_fp8",))
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=16000)
+    out = R.decide(d, Flags.parse(""), ctx(rules=rules))
+    assert out.flags.get("--kv-cache-dtype") == "fp8"           # length changes not allowed
+
+
+@pytest.mark.parametrize("version,expected", [("0.10.2rc3.dev25+gabc", (0, 10, 2)), ("0.32.0", (0, 32, 0)),
+                                              (None, None), ("dev", None)])
+def test_version_tuple(version, expected):
+    assert R.version_tuple(version) == expected
+
+
+def test_suggest_shape():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=65408)
+    s = R.suggest(d)
+    assert s["healable"] is True and s["flags"] == {"--max-model-len": "65408"} and s["why"]
+    assert R.suggest(D(Kind.HEALTHY))["healable"] is False
+    assert R.suggest(D(Kind.CONFIG_ERROR, "unrecognized arguments"))["healable"] is False

@@ -1,0 +1,86 @@
+"""GPU facts: the fake provider, CUDA_VISIBLE_DEVICES, fp8 support, and NVML on a machine without a driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.gpu import FakeProvider, GpuDevice, GpuProcess, NvmlProvider, fp8_kv_supported, visible
+
+GiB = 1 << 30
+
+
+def dev(i: int, uuid: str, free_gib: float = 20.0) -> GpuDevice:
+    total = 24 * GiB
+    free = int(free_gib * GiB)
+    procs = (GpuProcess(1234, "python", total - free),) if free < total else ()
+    return GpuDevice(i, "NVIDIA GeForce RTX 4090", total, total - free, free, (8, 9), procs, uuid)
+
+
+DEVICES = [dev(0, "GPU-aaaa1111-0000"), dev(1, "GPU-bbbb2222-0000", 10.0), dev(2, "GPU-aaab3333-0000")]
+
+
+def test_fake_provider_replays_snapshots_and_repeats_the_last():
+    first, second = [dev(0, "GPU-a", 20)], [dev(0, "GPU-a", 5)]
+    p = FakeProvider([first, second])
+    assert p.snapshot() == first
+    assert p.snapshot() == second
+    assert p.snapshot() == second
+    assert p.calls == 3
+
+
+def test_fake_provider_without_gpus():
+    p = FakeProvider([[]], reason="no driver")
+    assert p.snapshot() == [] and p.reason == "no driver"
+
+
+def test_visible_unset_means_all():
+    assert visible(DEVICES, None) == DEVICES
+
+
+def test_visible_by_index_keeps_cuda_order():
+    assert [d.index for d in visible(DEVICES, "2,0")] == [2, 0]
+    assert [d.index for d in visible(DEVICES, " 1 ")] == [1]
+
+
+def test_visible_by_uuid_prefix():
+    assert [d.index for d in visible(DEVICES, "GPU-bbbb")] == [1]
+    assert [d.index for d in visible(DEVICES, "GPU-aaaa1111-0000,GPU-aaab")] == [0, 2]
+
+
+def test_visible_stops_at_the_first_invalid_entry_like_cuda():
+    assert [d.index for d in visible(DEVICES, "0,7,1")] == [0]
+    assert visible(DEVICES, "GPU-aaa") == []          # ambiguous prefix
+    assert visible(DEVICES, "") == []
+    assert visible(DEVICES, "-1") == []
+    assert [d.index for d in visible(DEVICES, "1,1,2")] == [1]   # a repeat is invalid too
+
+
+@pytest.mark.parametrize("cc, version, mla, expected", [
+    ((8, 6), "0.6.3", False, True),     # V0 converts in software
+    ((8, 6), "0.9.2", False, True),     # V1 falls back to V0
+    ((8, 6), "0.11.0", False, False),   # Triton needs native e4m3 (issue #26431)
+    ((8, 9), "0.11.0", False, True),
+    ((9, 0), "0.32.0", False, True),
+    ((8, 6), "0.33.0", False, True),    # FlashInfer on sm80+
+    ((8, 6), None, False, False),       # unknown version: only where every path works
+    ((8, 9), None, False, True),
+    ((8, 9), "0.32.0", True, False),    # MLA fp8 needs Hopper+
+    ((9, 0), "0.32.0", True, True),
+    ((9, 0), "0.9.2", True, False),
+    ((6, 1), "0.6.3", False, False),    # below what vLLM supports at all
+])
+def test_fp8_kv_support_table(cc, version, mla, expected):
+    assert fp8_kv_supported(cc, version, mla) is expected
+
+
+def test_nvml_provider_without_a_driver_reports_why_and_returns_nothing():
+    p = NvmlProvider()
+    devices = p.snapshot()
+    if devices:   # a machine with a GPU: the reader must have produced real facts
+        d = devices[0]
+        assert d.total_bytes > 0 and d.free_bytes <= d.total_bytes and d.name
+        assert p.reason is None and p.available
+        return
+    assert p.reason and isinstance(p.reason, str)
+    assert p.available is False
+    assert p.snapshot() == []       # second call: no retry storm, same answer

@@ -1,0 +1,262 @@
+"""The memory math against hand-computed values for real model configs (research: vllm-memory-model.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from supervisor import plan as P
+from supervisor.gpu import GpuDevice
+from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info
+
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+GiB = 1 << 30
+CARD_24 = int(23.55 * GiB)      # what a "24 GB" RTX 3090/4090 reports
+
+
+def model(name: str) -> ModelInfo:
+    info = load_model_info(str(MODELS / name))
+    assert info is not None, name
+    return info
+
+
+# -- KV bytes per token: 2 (K,V) x layers x kv_heads x head_dim x 2 bytes, by hand -------------
+
+@pytest.mark.parametrize("name, expected", [
+    ("Qwen2.5-7B-Instruct", 2 * 28 * 4 * 128 * 2),          # 57,344
+    ("Qwen2.5-32B-Instruct", 2 * 64 * 8 * 128 * 2),         # 262,144
+    ("Qwen2.5-32B-Instruct-AWQ", 262_144),                  # AWQ keeps fp16 KV
+    ("Llama-3.1-8B-Instruct", 2 * 32 * 8 * 128 * 2),        # 131,072
+    ("Llama-3.3-70B-Instruct", 2 * 80 * 8 * 128 * 2),       # 327,680
+    ("Qwen3-8B", 2 * 36 * 8 * 128 * 2),                     # 147,456
+    ("Mistral-7B-v0.3", 131_072),
+    ("DeepSeek-V2-Lite", 27 * (512 + 64) * 2),              # MLA latent: 31,104
+    ("gpt-oss-20b", 2 * 24 * 8 * 64 * 2),                   # all 24 layers: 49,152
+])
+def test_kv_bytes_per_token_matches_hand_values(name, expected):
+    assert P.kv_bytes_per_token(model(name)) == expected
+
+
+def test_the_numbers_the_issue_names():
+    assert P.kv_bytes_per_token(model("Qwen2.5-7B-Instruct")) == 57_344
+    assert P.kv_bytes_per_token(model("Qwen2.5-32B-Instruct")) == 262_144
+    assert P.kv_bytes_per_token(model("Llama-3.1-8B-Instruct")) == 131_072
+    assert P.kv_bytes_per_token(model("Llama-3.3-70B-Instruct")) == 327_680
+    assert P.kv_bytes_per_token(model("Llama-3.3-70B-Instruct"), tp=2) == 163_840
+    assert P.kv_bytes_per_token(model("DeepSeek-V2-Lite")) == 31_104
+
+
+def test_fp8_halves_the_kv_cache():
+    assert P.kv_bytes_per_token(model("Llama-3.1-8B-Instruct"), kv_cache_dtype="fp8") == 65_536
+    assert P.kv_bytes_per_token(model("DeepSeek-V2-Lite"), kv_cache_dtype="fp8_e4m3") == 15_552
+
+
+def test_mla_latent_is_replicated_on_every_tp_rank():
+    assert P.kv_bytes_per_token(model("DeepSeek-V2-Lite"), tp=2) == 31_104
+
+
+def test_kv_heads_are_replicated_when_tp_exceeds_them():
+    # Qwen2.5-7B has 4 KV heads: TP=8 stores one head per rank, so per-rank KV is /4, not /8.
+    assert P.kv_bytes_per_token(model("Qwen2.5-7B-Instruct"), tp=8) == 2 * 28 * 1 * 128 * 2
+
+
+def test_hybrid_model_counts_full_layers_separately():
+    assert P.kv_bytes_per_token(model("gpt-oss-20b"), full_layers_only=True) == 24_576
+
+
+def test_float32_runs_as_16_bit_unless_asked():
+    tiny = model("tiny-llama-cpu")            # config says float32; vLLM downcasts on auto
+    assert P.kv_bytes_per_token(tiny) == 2 * 8 * 8 * 64 * 2
+    assert P.kv_bytes_per_token(tiny, dtype="float32") == 2 * 8 * 8 * 64 * 4
+
+
+def test_unknown_kv_dtype_is_refused():
+    with pytest.raises(ValueError):
+        P.kv_bytes_per_token(model("Qwen3-8B"), kv_cache_dtype="nvfp4")
+
+
+# -- fitting max_model_len: vLLM's closed form floor(kv / (block * page * layers)) * block ---------
+
+def test_fit_closed_form_before_and_after_the_null_block():
+    llama = model("Llama-3.1-8B-Instruct")
+    # 5 GiB / (16 tokens * 131,072 B) = 2,560 blocks -> 40,960 tokens (0.28);
+    # 0.29+ holds back one block of all layers (2 MiB) first -> 2,559 blocks.
+    assert P.fit_max_model_len(5 * GiB, llama, vllm_version="0.28.0") == 40_960
+    assert P.fit_max_model_len(5 * GiB, llama, vllm_version="0.29.0") == 40_944
+
+
+def test_fit_is_block_aligned_and_capped_at_upper():
+    qwen = model("Qwen2.5-7B-Instruct")
+    fit = P.fit_max_model_len(3 * GiB + 12345, qwen, vllm_version="0.9.2")
+    assert fit % 16 == 0
+    assert fit == (3 * GiB + 12345) // (16 * 57_344) * 16
+    assert P.fit_max_model_len(3 * GiB, qwen, vllm_version="0.9.2", upper=32_768) == 32_768
+
+
+def test_fit_with_tensor_parallel_uses_per_rank_bytes():
+    llama70 = model("Llama-3.3-70B-Instruct")
+    # per GPU 163,840 B/token: 2 GiB / (16 * 163,840) = 819.2 -> 819 blocks
+    assert P.fit_max_model_len(2 * GiB, llama70, tp=2, vllm_version="0.9.2") == 819 * 16
+
+
+def test_fit_for_mla():
+    ds = model("DeepSeek-V2-Lite")
+    # page per layer = 16 * 576 * 2 = 18,432 B; 27 layers -> 497,664 B per block
+    assert P.fit_max_model_len(GiB, ds, vllm_version="0.9.2") == GiB // 497_664 * 16
+    assert P.fit_max_model_len(GiB, ds, vllm_version="0.9.2", block_size=64) == GiB // (497_664 * 4) * 64
+
+
+def test_fit_is_zero_when_nothing_fits():
+    assert P.fit_max_model_len(0, model("Qwen3-8B")) == 0
+    assert P.fit_max_model_len(-5 * GiB, model("Qwen3-8B")) == 0
+
+
+def test_cpu_tiny_model_reproduces_vllm_0_32_estimate():
+    """vLLM CPU 0.32, VLLM_CPU_KVCACHE_SPACE=1, block 128, bf16: 'estimated maximum model length is 65408'."""
+    tiny = model("tiny-llama-cpu")
+    # page = 2 * 128 * 8 * 64 * 2 = 262,144 B/layer; 8 layers = 2 MiB/block; 1 GiB = 512 blocks, minus the null block
+    assert P.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 511 * 128 == 65_408
+    assert P.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.28.0") == 65_536
+    assert P.default_block_size(tiny, platform="cpu") == 128
+
+
+def test_sliding_window_need_matches_the_research_gpt_oss_figure():
+    oss = model("gpt-oss-20b")
+    # 12 full layers * cdiv(131072,16) + 12 sliding * (cdiv(min(127+2048, L),16) + 1) blocks, 32 KiB each
+    blocks = 12 * 8192 + 12 * (-(-2175 // 16) + 1)
+    assert P.kv_needed_bytes(oss, 131_072, max_num_batched_tokens=2048) == blocks * 2 * 16 * 8 * 64 * 2
+    assert round(blocks * 32768 / GiB, 2) == 3.05
+
+
+def test_hybrid_fit_is_the_binary_search_bound():
+    oss = model("gpt-oss-20b")
+    need = P.kv_needed_bytes(oss, 65_536, max_num_batched_tokens=2048)
+    null_block = 12 * 32_768        # one block id spans a group of 12 layers
+    assert P.fit_max_model_len(need + null_block, oss, vllm_version="0.32.0") == 65_536
+    assert P.fit_max_model_len(need + null_block - 1, oss, vllm_version="0.32.0") < 65_536
+    # with the hybrid manager off (V0 or the flag) every layer holds every token
+    assert P.fit_max_model_len(4 * GiB, oss, hybrid=False, vllm_version="0.28.0") == 4 * GiB // (16 * 49_152) * 16
+
+
+# -- derived max_model_len (§3) -------------------------------------------------------------------
+
+def _with(info: ModelInfo, **kw) -> ModelInfo:
+    return dataclasses.replace(info, **kw)
+
+
+def test_derived_lengths_of_the_fixtures():
+    assert model("Qwen2.5-7B-Instruct").derived_max_model_len == 32_768
+    assert model("Llama-3.1-8B-Instruct").derived_max_model_len == 131_072    # llama3 rope: no change
+    assert model("Qwen3-8B").derived_max_model_len == 40_960
+    assert model("DeepSeek-V2-Lite").derived_max_model_len == 163_840
+
+
+def test_yarn_rule_depends_on_the_vllm_version():
+    qwen = _with(model("Qwen2.5-7B-Instruct"),
+                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    assert derive_max_model_len(qwen, "0.29.0") == 131_072      # original x factor
+    assert derive_max_model_len(qwen, "0.30.0") == 32_768       # YaRN leaves max_position_embeddings alone
+    assert derive_max_model_len(qwen, None) == 32_768           # unknown: the newest rule
+    ds = model("DeepSeek-V2-Lite")                              # yarn 40 x 4096 = 163840 either way
+    assert derive_max_model_len(ds, "0.9.2") == derive_max_model_len(ds, "0.33.0") == 163_840
+
+
+def test_other_rope_types_multiply_and_gemma3_is_excluded():
+    base = model("Mistral-7B-v0.3")
+    assert derive_max_model_len(_with(base, rope_scaling={"rope_type": "linear", "factor": 2.0})) == 65_536
+    assert derive_max_model_len(_with(base, rope_scaling={"rope_type": "dynamic", "factor": 4})) == 131_072
+    assert derive_max_model_len(_with(base, rope_scaling={"rope_type": "longrope", "factor": 4})) == 32_768
+    assert derive_max_model_len(_with(base, model_type="gemma3_text",
+                                      rope_scaling={"rope_type": "linear", "factor": 8})) == 32_768
+
+
+def test_smallest_key_wins_and_model_max_length_replaces():
+    base = model("Mistral-7B-v0.3")
+    assert derive_max_model_len(_with(base, max_len_keys={"max_position_embeddings": 8192, "seq_length": 4096})) == 4096
+    assert derive_max_model_len(_with(base, max_len_keys={"max_position_embeddings": 8192,
+                                                          "model_max_length": 131072})) == 131_072
+    assert derive_max_model_len(_with(base, max_len_keys={})) == 2048
+
+
+def test_disable_sliding_window_caps_at_the_window():
+    base = _with(model("Mistral-7B-v0.3"), sliding_window=4096)
+    assert derive_max_model_len(base, disable_sliding_window=True) == 4096
+
+
+# -- budgets against the research's worked table (§6.1: 24 GB card, V1 0.9.2, util 0.90) ----------
+
+@pytest.mark.parametrize("name, kv_gib, tokens", [
+    ("Qwen2.5-7B-Instruct", 5.63, 105_500),
+    ("Llama-3.1-8B-Instruct", 5.08, 41_600),
+    ("Mistral-7B-v0.3", 7.29, 59_700),
+    ("Qwen3-8B", 4.63, 33_700),
+    ("Qwen2.5-32B-Instruct-AWQ", 1.86, 7_600),
+])
+def test_budget_agrees_with_the_worked_table(name, kv_gib, tokens):
+    info = model(name)
+    b = P.kv_budget(info, gpu_total_bytes=CARD_24, utilization=0.90, vllm_version="0.9.2")
+    assert b.kv_bytes / GiB == pytest.approx(kv_gib, rel=0.05)
+    assert P.fit_max_model_len(b.kv_bytes, info, vllm_version="0.9.2") == pytest.approx(tokens, rel=0.05)
+
+
+def test_cudagraph_reserve_from_0_20_unless_eager():
+    info = model("Llama-3.1-8B-Instruct")
+    kw = dict(gpu_total_bytes=CARD_24, utilization=0.90)
+    assert P.kv_budget(info, vllm_version="0.19.0", **kw).cudagraph_bytes == 0
+    new = P.kv_budget(info, vllm_version="0.20.0", **kw)
+    assert 0.3 * GiB < new.cudagraph_bytes < 0.6 * GiB
+    assert P.kv_budget(info, vllm_version="0.20.0", enforce_eager=True, **kw).cudagraph_bytes == 0
+
+
+def test_global_cap_versions_subtract_other_processes():
+    info = model("Qwen2.5-7B-Instruct")
+    kw = dict(gpu_total_bytes=CARD_24, utilization=0.90, other_used_bytes=2 * GiB)
+    assert P.kv_budget(info, vllm_version="0.9.0", **kw).other_processes_bytes == 2 * GiB
+    assert P.kv_budget(info, vllm_version="0.9.1", **kw).other_processes_bytes == 0
+
+
+def test_batch_defaults_follow_the_device_size():
+    assert P.batch_defaults(int(23.5 * GiB), vllm_version="0.9.2") == (2048, 256)
+    assert P.batch_defaults(80 * GiB, vllm_version="0.9.2") == (8192, 1024)
+    assert P.batch_defaults(80 * GiB, vllm_version="0.9.2", device_name="NVIDIA A100-SXM4-80GB") == (2048, 256)
+    assert P.batch_defaults(180 * GiB, vllm_version="0.32.0") == (16384, 1024)
+    assert P.batch_defaults(24 * GiB, vllm_version="0.6.3", max_model_len=16384) == (16384, 256)   # V0 profiles L
+    assert P.batch_defaults(24 * GiB, vllm_version="0.6.3", max_model_len=65536) == (512, 256)     # chunked
+    assert P.batch_defaults(0, platform="cpu") == (2048, 128)
+
+
+def test_default_utilization_by_version():
+    assert P.default_utilization("0.9.2") == 0.90
+    assert P.default_utilization("0.20.0") == 0.92
+    assert P.default_utilization(None) == 0.92
+
+
+def test_max_concurrency_is_tokens_over_context():
+    llama = model("Llama-3.1-8B-Instruct")
+    # 4 GiB at 0.28: 2048 blocks = 32,768 tokens -> 8 requests of 4096, 1 of 32768
+    assert P.max_concurrency(4 * GiB, llama, 4096, vllm_version="0.28.0") == 8.0
+    assert P.max_concurrency(4 * GiB, llama, 32768, vllm_version="0.28.0") == 1.0
+
+
+# -- GPUs ---------------------------------------------------------------------------------------
+
+def _dev(i: int, free_gib: float, total_gib: float = 24.0) -> GpuDevice:
+    total = int(total_gib * GiB)
+    free = int(free_gib * GiB)
+    return GpuDevice(i, "NVIDIA GeForce RTX 4090", total, total - free, free, (8, 9), ())
+
+
+def test_check_gpu_count():
+    assert P.check_gpu_count(1, [_dev(0, 20)]) is None
+    msg = P.check_gpu_count(2, [_dev(0, 20)])
+    assert msg is not None and "2" in msg and "1 is visible" in msg
+    assert P.check_gpu_count(4, []) is not None
+
+
+def test_sizing_device_is_the_least_free_of_the_first_n():
+    devs = [_dev(0, 20), _dev(1, 12), _dev(2, 2)]
+    assert P.sizing_device(devs, 2).index == 1       # device 2 is not used at TP=2
+    assert P.sizing_device(devs, 3).index == 2
+    assert P.sizing_device([], 1) is None

@@ -1,0 +1,117 @@
+"""first_launch: the flags the guard changes before the very first start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import plan as P
+from supervisor.flags import Flags
+from supervisor.modelinfo import load_model_info
+
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+GiB = 1 << 30
+CARD_24 = int(23.55 * GiB)
+
+
+def model(name: str):
+    info = load_model_info(str(MODELS / name))
+    assert info is not None
+    return info
+
+
+def launch(name: str, args: list[str] | str = (), *, total: int = CARD_24, free: int | None = None, gpus: int = 1,
+           version: str | None = "0.9.2", **kw) -> P.FirstLaunch:
+    return P.first_launch(model(name), gpu_total_bytes=total, gpu_free_bytes=total if free is None else free,
+                          gpus=gpus, flags=Flags.parse(list(args) if not isinstance(args, str) else args),
+                          vllm_version=version, **kw)
+
+
+def test_llama_8b_on_24gb_gets_a_fitting_context():
+    fl = launch("Llama-3.1-8B-Instruct")
+    assert fl.confident
+    mml = int(fl.flags["--max-model-len"])
+    # research §6.1: ~41.6K fit at 0.90; a 5% margin holds some back
+    assert 2048 <= mml < 41_600 and mml > 0.9 * 41_600 * 0.95 - 16
+    assert mml % 16 == 0
+    assert "--max-model-len" in fl.reasons
+
+
+def test_a_model_that_fits_changes_nothing():
+    fl = launch("Qwen2.5-7B-Instruct")             # 32,768 derived, ~105K capacity
+    assert fl.flags == {} and fl.confident
+
+
+def test_never_above_what_the_user_asked():
+    fl = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "8192"])
+    assert fl.flags == {}
+    fl = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "100k"])
+    assert int(fl.flags["--max-model-len"]) < 100_000
+
+
+def test_auto_fit_is_left_to_vllm():
+    assert "--max-model-len" not in launch("Llama-3.1-8B-Instruct", ["--max-model-len", "auto"]).flags
+
+
+def test_busy_gpu_lowers_utilization():
+    fl = launch("Qwen2.5-7B-Instruct", total=CARD_24, free=CARD_24 - 4 * GiB)
+    # free/total = 19.55/23.55 = 0.830 -> 0.81 after the 0.02 allowance for the CUDA context
+    assert fl.flags["--gpu-memory-utilization"] == "0.81"
+    assert "free" in fl.reasons["--gpu-memory-utilization"]
+
+
+def test_busy_gpu_on_a_global_cap_version_keeps_utilization():
+    fl = launch("Qwen2.5-7B-Instruct", free=CARD_24 - 4 * GiB, version="0.9.0")
+    assert "--gpu-memory-utilization" not in fl.flags
+
+
+def test_user_utilization_is_respected_when_free():
+    fl = launch("Llama-3.1-8B-Instruct", ["--gpu-memory-utilization", "0.95"])
+    assert "--gpu-memory-utilization" not in fl.flags
+    assert int(fl.flags["--max-model-len"]) > int(launch("Llama-3.1-8B-Instruct").flags["--max-model-len"])
+
+
+def test_below_min_len_tries_fp8_where_supported():
+    # Qwen2.5-32B-AWQ on 24 GB: ~7.3K fit in bf16, ~14.6K in fp8 (research §6.1)
+    fl = launch("Qwen2.5-32B-Instruct-AWQ", min_model_len=12_000, compute_capability=(8, 9))
+    assert fl.flags.get("--kv-cache-dtype") == "fp8"
+    assert 12_000 <= int(fl.flags["--max-model-len"]) < 16_000
+
+
+def test_below_min_len_without_fp8_leaves_flags_alone():
+    fl = launch("Qwen2.5-32B-Instruct-AWQ", min_model_len=12_000, compute_capability=(8, 6), version="0.13.0")
+    assert fl.flags == {} and fl.confident
+    fl = launch("Qwen2.5-32B-Instruct-AWQ", min_model_len=12_000)          # capability unknown: no fp8
+    assert fl.flags == {}
+
+
+def test_tensor_parallel_70b_awq_on_two_cards():
+    fl = launch("Llama-3.3-70B-Instruct-AWQ", ["-tp", "2"], gpus=2)
+    mml = int(fl.flags["--max-model-len"])
+    # research §7: KV ~1.27 GiB/GPU -> ~8.3K tokens at 0.90, razor thin (+-0.5 GiB spans 5K-11K)
+    assert mml == pytest.approx(8_300, rel=0.10)
+
+
+def test_more_gpus_than_visible_is_not_confident():
+    fl = launch("Llama-3.3-70B-Instruct-AWQ", ["-tp", "2"], gpus=1)
+    assert fl == P.FirstLaunch(confident=False)
+
+
+def test_missing_inputs_are_not_confident():
+    assert not P.first_launch(None, gpu_total_bytes=CARD_24, gpu_free_bytes=CARD_24, gpus=1,
+                              flags=Flags.parse([]), vllm_version=None).confident
+    assert not launch("Qwen3-8B", total=0).confident
+
+
+def test_cpu_backend_with_explicit_kv_space_reproduces_65408():
+    fl = launch("tiny-llama-cpu", total=16 * GiB, gpus=0, version="0.32.0", platform="cpu", cpu_kv_space_gib=1)
+    # an explicit KV size is exact: no margin is held back
+    assert fl.flags == {"--max-model-len": "65408"}
+    assert fl.confident
+
+
+def test_cpu_backend_fits_when_asked_less():
+    fl = launch("tiny-llama-cpu", ["--max-model-len", "4096"], total=16 * GiB, gpus=0, version="0.32.0",
+                platform="cpu", cpu_kv_space_gib=1)
+    assert fl.flags == {}

@@ -78,16 +78,20 @@ class Watcher:
         if d is not None and self.first_fatal is None:
             self.first_fatal = d
             self.fatal_at = time.monotonic()
-            self._fatal.set()
+            self._nudge.set()
+        elif not self._ready_hint and self.classifier.serving:
+            self._ready_hint = True      # "Application startup complete.": probe now, not later
+            self._nudge.set()
 
     def __post_init__(self) -> None:
-        self._fatal = asyncio.Event()
+        self._nudge = asyncio.Event()
+        self._ready_hint = False
 
     async def run(self) -> LaunchResult:
         t = self.timers
         started = time.monotonic()
         exit_task = asyncio.ensure_future(self.child.wait())
-        fatal_task = asyncio.ensure_future(self._fatal.wait())
+        nudge_task = asyncio.ensure_future(self._nudge.wait())
         control_task: asyncio.Future[Any] = asyncio.ensure_future(self.control.get())
         probe_task: asyncio.Task[ProbeResult] | None = None
         healthy_at: float | None = None
@@ -161,15 +165,18 @@ class Watcher:
                         code = await self.child.stop(t.stop_grace)
                         return self._timeout(code, started,
                                              f"no output for {t.stall_timeout:g} s while starting")
-                waits = [exit_task, fatal_task, control_task]
+                waits = [exit_task, nudge_task, control_task]
                 if probe_task is not None:
                     waits.append(probe_task)
                 await asyncio.wait(waits, timeout=self._tick(now, next_probe, healthy_at),
                                    return_when=asyncio.FIRST_COMPLETED)
-                if fatal_task.done() and self.fatal_at is not None:
-                    fatal_task = asyncio.ensure_future(asyncio.Event().wait())   # fired once
+                if nudge_task.done():
+                    self._nudge.clear()
+                    nudge_task = asyncio.ensure_future(self._nudge.wait())
+                    if self._ready_hint and healthy_at is None:
+                        next_probe = min(next_probe, time.monotonic())
         finally:
-            for task in (fatal_task, control_task, probe_task):
+            for task in (nudge_task, control_task, probe_task):
                 if task is not None and not task.done():
                     task.cancel()
             if not exit_task.done():

@@ -208,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu_memory_gib:
         total = free = int(args.gpu_memory_gib * GiB)
         gpus = args.gpus or tp * pp
+        problem = P.check_gpu_count(tp * pp, range(gpus))
+        if problem:
+            print(f"vllm-guard plan: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     elif platform == "cpu":
         import psutil
 

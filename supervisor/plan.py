@@ -150,14 +150,18 @@ def fit_max_model_len(kv_budget_bytes: int, info: ModelInfo, *, tp: int = 1, kv_
     return best
 
 
-def max_concurrency(kv_budget_bytes: int, info: ModelInfo, context_len: int, **kw) -> float:
-    """Requests of context_len that fit at once ("Maximum concurrency for L tokens per request")."""
-    keys = ("block_size", "tp", "pp", "kv_cache_dtype", "max_num_batched_tokens", "hybrid", "dtype")
-    need = kv_needed_bytes(info, context_len, **{k: v for k, v in kw.items() if k in keys and v is not None})
-    avail = usable_kv_bytes(kv_budget_bytes, info, **{k: v for k, v in kw.items()
-                                                      if k in ("block_size", "tp", "pp", "kv_cache_dtype",
-                                                               "vllm_version", "hybrid", "dtype")})
-    return max(0.0, math.floor(avail / need * 100) / 100) if need else 0.0
+def max_concurrency(kv_budget_bytes: int, info: ModelInfo, context_len: int, *, block_size: int = 16, tp: int = 1,
+                    pp: int = 1, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048,
+                    hybrid: bool | None = None, vllm_version: str | None = None, dtype: str | None = None) -> float:
+    """Requests of context_len that fit at once, as vLLM logs it: pool blocks (null block included) / blocks per request."""
+    hybrid = _ver(vllm_version) >= (0, 8, 0) if hybrid is None else hybrid
+    kw = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    need = kv_needed_bytes(info, context_len, max_num_batched_tokens=max_num_batched_tokens, hybrid=hybrid, **kw)
+    per_block = _bytes_per_pool_block(info, page_bytes(info, block_size=block_size, tp=tp,
+                                                       kv_cache_dtype=kv_cache_dtype, dtype=dtype), pp, hybrid)
+    if need <= 0 or kv_budget_bytes <= 0:
+        return 0.0
+    return round(kv_budget_bytes // per_block * per_block / need, 2)
 
 
 # -- the budget ---------------------------------------------------------------------------------
@@ -258,8 +262,8 @@ def sizing_device(devices: Sequence[GpuDevice], count: int) -> GpuDevice | None:
     return min(used, key=lambda d: d.free_bytes) if used else None
 
 
-def check_gpu_count(needed: int, devices: Sequence[GpuDevice]) -> str | None:
-    """A message when tp*pp needs more GPUs than are visible, else None."""
+def check_gpu_count(needed: int, devices: Sequence[object]) -> str | None:
+    """A message when tp*pp needs more GPUs than are visible (only len(devices) counts), else None."""
     have = len(devices)
     if needed <= have:
         return None

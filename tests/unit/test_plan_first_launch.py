@@ -111,6 +111,15 @@ def test_cpu_backend_with_explicit_kv_space_reproduces_65408():
     assert fl.confident
 
 
+def test_cpu_backend_needs_no_host_size_when_the_kv_space_is_set():
+    fl = P.first_launch(model("tiny-llama-cpu"), gpu_total_bytes=None, gpu_free_bytes=None, gpus=0,
+                        flags=Flags.parse([]), vllm_version="0.32.0", platform="cpu", cpu_kv_space_gib=1.0)
+    assert fl.flags == {"--max-model-len": "65408"} and fl.confident
+    fl = P.first_launch(model("tiny-llama-cpu"), gpu_total_bytes=None, gpu_free_bytes=None, gpus=0,
+                        flags=Flags.parse([]), vllm_version="0.32.0", platform="cpu")
+    assert not fl.confident and fl.flags == {}
+
+
 def test_cpu_backend_fits_when_asked_less():
     fl = launch("tiny-llama-cpu", ["--max-model-len", "4096"], total=16 * GiB, gpus=0, version="0.32.0",
                 platform="cpu", cpu_kv_space_gib=1)

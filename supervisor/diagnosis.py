@@ -1,0 +1,721 @@
+"""Name what ended a vLLM launch from its output: one pure classifier for the daemon and ``diagnose``.
+
+Pure: lines in, :class:`~supervisor.model.Diagnosis` out; no I/O, no clock. The texts matched here
+come from ``research/vllm-failures.md`` (vLLM 0.2 to 0.33). Every line is first normalised (ANSI
+colour, ``\\r``, docker/process/rank prefixes and the log header removed), then checked against a
+cheap substring prefilter before any regular expression runs, because the daemon pushes every line
+of a long-running server through here.
+
+Decision rules, in the order they matter on real logs:
+
+* A root cause beats its wrappers: each rule has a priority, and the first line of the highest
+  priority decides (``ValueError: To serve at least one request ...`` beats the later
+  ``Engine core initialization failed. See root cause above``).
+* Where an OOM happened is read from the traceback frames seen so far and, failing that, from the
+  last start-up milestone (research §3.d).
+* INFO and DEBUG records never carry a failure, so the look-alikes that vLLM logs at those levels
+  (the ``Free memory on device ... on startup. Desired ...`` line, the V0 cudagraph OOM hint) are
+  never matched; WARNING records only match rules that are fatal at that level.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any, Iterable
+
+from supervisor.model import PHASES, Diagnosis, Kind
+
+_PHASE = {name: i for i, name in enumerate(PHASES)}
+_KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 1 MB lines
+_EVIDENCE = 500       # evidence is trimmed to this many characters
+_JOIN_CAP = 8000      # a re-assembled wrapped record never grows past this
+_WRAP_WIDTH = 80      # terminal width of the hard-wrapped pastes we re-join
+
+_INFO, _WARN, _ERROR, _RAW = 0, 1, 2, 3
+_LEVELS = {"DEBUG": _INFO, "INFO": _INFO, "WARNING": _WARN, "WARN": _WARN,
+           "ERROR": _ERROR, "CRITICAL": _ERROR}
+
+# Real ESC sequences, caret-notation pastes (``^[[0;36m``) and pastes that lost the ESC byte.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m|\x1b")
+_ANSI_HINT = ("\x1b", "^[", "m(", "[0", "[1", "[3")
+# Anything in front of the record: docker compose service, ISO timestamps, process and rank tags.
+_LEAD = re.compile(
+    r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+(?:, ip=[^)]*)?\)"
+    r"|\[rank(?P<rank>\d+)\]:"
+    r"|[A-Za-z0-9][\w.-]*\s+\|(?=\s|$)"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+    r")\s?"
+)
+_HEADER = re.compile(
+    r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\])\s?"
+    r"|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+"
+)
+_RANK = re.compile(r"(?:rank=|TP|rank)(\d+)")
+# Where to cut a log that was pasted with its line breaks lost.
+_SPLIT = re.compile(
+    r"\s+(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
+    r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
+    r"|File \"|(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): )"
+)
+_FRAME = re.compile(r'\s*File "([^"]*)", line \d+, in ([\w<>.]+)')
+_EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed)(?::|$)")
+
+# --------------------------------------------------------------------------- numbers
+_F = r"(-?\d+(?:\.\d+)?)"
+
+
+def _num(text: str) -> int | float:
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() and "." not in text else value
+
+
+def _mib(value: str, unit: str) -> float:
+    scale = {"B": 1 / 2**20, "KiB": 1 / 1024, "KB": 1 / 1024, "MiB": 1.0, "MB": 1.0,
+             "GiB": 1024.0, "GB": 1024.0, "TiB": 2**20}[unit]
+    return round(float(value) * scale, 4)
+
+
+def _gib(value: str, unit: str) -> float:
+    return round(_mib(value, unit) / 1024, 4) if unit not in ("GiB", "GB") else float(value)
+
+
+_RX_KV_V0 = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that "
+                       r"can be stored in KV cache \((\d+)\)")
+_RX_KV_V1 = re.compile(r"max seq len \((\d+)\), \(" + _F + r" Gi?B KV cache is needed, which is "
+                       r"larger than the available KV cache memory \(" + _F + r" Gi?B\)")
+_RX_KV_EST = re.compile(r"estimated maximum model length is (\d+)")
+_RX_FREE = re.compile(r"Free memory on device(?: \S+)? \(" + _F + "/" + _F + r" GiB\) on startup is "
+                      r"less than (?:desired GPU memory utilization|the engine's budget[^(]*)\("
+                      + _F + ", " + _F + r" GiB\)")
+_RX_EXT = re.compile(r"exceed the desired GPU memory utilization \(" + _F + ", " + _F + r" GiB\)")
+_RX_PROF = re.compile(r"Initial free memory " + _F + r" ?GiB, current free memory " + _F + " ?GiB")
+_RX_TRIED = re.compile(r"Tried to allocate " + _F + r" ?(GiB|MiB|KiB|B|GB|MB)")
+_RX_TOTAL_NEW = re.compile(r"total capac(?:i)?ty of " + _F + r" ?(GiB|MiB) of which " + _F + r" ?(GiB|MiB|KiB|B) is free")
+_RX_TOTAL_OLD = re.compile(r"; " + _F + r" ?(GiB|MiB) total capacity;.*?; " + _F + r" ?(GiB|MiB|KiB|B) free")
+_RX_DUMMY = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy requests")
+_RX_DERIVED = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived "
+                         r"max_model_len \((?:(\w+)=)?" + _F + r"(?: or model_max_length=(\w+|[\d.]+))?")
+_RX_BATCHED = re.compile(r"max_num_batched_tokens \((\d+)\) is smaller than max_model_len \((\d+)\)")
+_RX_WORLD = re.compile(r"(?:World|Tensor parallel) size \((\d+)\) (?:is|cannot be) larger than the "
+                       r"number of available GPUs \((\d+)\)")
+
+_RX_VERSION = (
+    re.compile(r"vLLM (?:API )?server version v?(\d[\w.+-]*)"),
+    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\d[\w.+-]*)\)"),
+)
+_RX_LOGO = re.compile(r"(?:^|\s)version\s+v?(\d+\.\d+[\w.+-]*)")
+_RX_BLOCK = re.compile(r"(?<![\w])block_size['\"]?\s*[=:]\s*(\d+)")
+_RX_MAXSEQ = re.compile(r"(?<![\w])max_seq_len=(\d+)")
+_RX_ARG_LEN = re.compile(r"['\"]?max_model_len['\"]?\s*[=:]\s*(\d+)")
+_RX_ARG_UTIL = re.compile(r"['\"]?gpu_memory_utilization['\"]?\s*[=:]\s*" + _F)
+_RX_AUTOFIT = re.compile(r"Auto-fit max_model_len: (?:reduced from (\d+) to (\d+)|full model context length (\d+))")
+_RX_KVTOK = re.compile(r"KV cache size: ([\d,]+) tokens")
+_RX_BLOCKS = re.compile(r"# (?:GPU|cuda|npu|xpu|hpu) blocks: (\d+)")
+_RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + r" ?(GiB|GB)")
+_RX_AVAIL = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is) "
+                       + _F + r" ?GiB")
+_RX_SERVED = re.compile(r"Using max model len (\d+)")
+
+
+def _info_numbers(text: str) -> dict[str, Any]:
+    """Numbers stated by milestone and configuration lines (not failures)."""
+    out: dict[str, Any] = {}
+    if "version" in text:
+        for rx in _RX_VERSION:
+            m = rx.search(text)
+            if m:
+                out["vllm_version"] = m.group(1).rstrip(".,")
+                break
+    if "block_size" in text:
+        m = _RX_BLOCK.search(text)
+        if m:
+            out["block_size"] = int(m.group(1))
+    if "max_seq_len=" in text:
+        m = _RX_MAXSEQ.search(text)
+        if m:
+            out["config_max_seq_len"] = int(m.group(1))
+    if text.startswith(("non-default args", "args: Namespace", "args:")):
+        m = _RX_ARG_LEN.search(text)
+        if m:
+            out["max_model_len"] = int(m.group(1))
+        m = _RX_ARG_UTIL.search(text)
+        if m:
+            out["requested_utilization"] = float(m.group(1))
+    for rx, key, conv in (
+        (_RX_KVTOK, "kv_cache_tokens", lambda m: int(m.group(1).replace(",", ""))),
+        (_RX_BLOCKS, "num_gpu_blocks", lambda m: int(m.group(1))),
+        (_RX_LOADED, "model_loading_gib", lambda m: float(m.group(1))),
+        (_RX_AVAIL, "available_kv_gib", lambda m: float(m.group(1))),
+        (_RX_SERVED, "served_max_model_len", lambda m: int(m.group(1))),
+    ):
+        m = rx.search(text)
+        if m:
+            out[key] = conv(m)
+    m = _RX_AUTOFIT.search(text)
+    if m:
+        out["auto_fit_max_model_len"] = int(m.group(2) or m.group(3))
+    return out
+
+
+def _oom_numbers(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _RX_TRIED.search(text)
+    if m:
+        out["tried_to_allocate_mib"] = _mib(m.group(1), m.group(2))
+    m = _RX_TOTAL_NEW.search(text) or _RX_TOTAL_OLD.search(text)
+    if m:
+        out["total_gib"] = _gib(m.group(1), m.group(2))
+        out["free_gib"] = _gib(m.group(3), m.group(4))
+    m = _RX_DUMMY.search(text)
+    if m:
+        out["num_dummy_requests"] = int(m.group(1))
+    return out
+
+
+def _kv_numbers(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _RX_KV_V0.search(text)
+    if m:
+        out["max_model_len"], out["fit_max_model_len"] = int(m.group(1)), int(m.group(2))
+    m = _RX_KV_V1.search(text)
+    if m:
+        out["max_model_len"] = int(m.group(1))
+        out["kv_needed_gib"], out["kv_available_gib"] = float(m.group(2)), float(m.group(3))
+    m = _RX_KV_EST.search(text)
+    if m:
+        out["fit_max_model_len"] = int(m.group(1))
+    return out
+
+
+def _free_numbers(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _RX_FREE.search(text)
+    if m:
+        out["free_gib"], out["total_gib"] = float(m.group(1)), float(m.group(2))
+        out["requested_utilization"], out["requested_gib"] = float(m.group(3)), float(m.group(4))
+        return out
+    m = _RX_EXT.search(text)
+    if m:
+        out["requested_utilization"], out["requested_gib"] = float(m.group(1)), float(m.group(2))
+    m = _RX_PROF.search(text)
+    if m:
+        out["initial_free_gib"], out["free_gib"] = float(m.group(1)), float(m.group(2))
+    return out
+
+
+def _len_numbers(text: str) -> dict[str, Any]:
+    m = _RX_DERIVED.search(text)
+    if not m:
+        return {}
+    out: dict[str, Any] = {"max_model_len": int(m.group(1)), "derived_max_model_len": int(float(m.group(3)))}
+    if m.group(2):
+        out["derived_max_model_len_key"] = m.group(2)
+    return out
+
+
+def _config_numbers(text: str) -> dict[str, Any]:
+    m = _RX_BATCHED.search(text)
+    if m:
+        return {"max_num_batched_tokens": int(m.group(1)), "max_model_len": int(m.group(2))}
+    m = _RX_WORLD.search(text)
+    if m:
+        return {"tensor_parallel_size": int(m.group(1)), "available_gpus": int(m.group(2))}
+    return {}
+
+
+# --------------------------------------------------------------------------- rules
+# Priorities: a specific root cause (30) beats collateral failures such as NCCL or a dead Ray
+# actor (25), which beat the generic wrappers that only say "see above" (10).
+_OOM, _CAPTURE, _CUDA = "oom", "capture", "cuda"   # kinds resolved from where the failure happened
+_TERM = "term"
+
+# (substrings, kind, priority, number extractor, fatal even at WARNING level)
+_RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
+    (("stored in KV cache (", "KV cache is needed, which is larger than the available KV cache"),
+     Kind.KV_CACHE_INSUFFICIENT, 30, _kv_numbers),
+    (("Cannot auto-fit max_model_len", "No available memory for the cache blocks"),
+     Kind.NO_KV_CACHE_MEMORY, 30, None),
+    (("on startup is less than", "Externally held weights on device", "Error in memory profiling"),
+     Kind.INSUFFICIENT_FREE_MEMORY, 30, _free_numbers),
+    (("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
+      "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
+      "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
+      "DefaultCPUAllocator: can't allocate memory", "Tried to allocate"),
+     _OOM, 30, _oom_numbers),
+    (("is greater than the derived max_model_len",), Kind.MAX_LEN_EXCEEDS_MODEL, 30, _len_numbers),
+    (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
+      "Invalid repository ID or local directory", "is not a local folder and is not a valid model identifier",
+      "Repository Not Found for url", "Could not detect config format", "does not appear to have a file named",
+      "Cannot access gated repo", "You are trying to access a gated repo", "You must be authenticated to access it",
+      "Please enable access to public gated repositories", "401 Client Error", "403 Client Error",
+      "are not supported for now", "Cannot find model module", "No model architectures are specified",
+      "Address already in use", "address already in use",
+      "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
+      "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
+      "FP8 KV cache not yet supported", "not supported in this architecture", "is not valid for this configuration",
+      "is not supported for the current GPU", "Quantization scheme is not supported", "Unknown quantization method",
+      "is larger than the number of available GPUs", "cannot be larger than the number of available GPUs",
+      "Unable to load Ray", "exceeds the total number of available GPUs", "Cannot provide a placement group",
+      "must be divisible by tensor parallel size", "Bfloat16 is only supported on GPUs",
+      "V0 attention backends have been removed", "Too large swap space", "GPU memory utilization must be",
+      "is smaller than max_model_len", "No CUDA GPUs are available", "Found no NVIDIA driver",
+      "CUDA driver version is insufficient", "Failed to infer device type",
+      "requires you to execute the configuration file", "contains custom code which must be executed",
+      "We couldn't connect to 'https://huggingface.co'", "Input should be less than or equal to"),
+     Kind.CONFIG_ERROR, 30, _config_numbers),
+    (("BackendCompilerFailed", "InductorError", "torch._dynamo.exc", "torch._inductor.exc",
+      "stream is capturing", "cudaErrorStreamCaptureUnsupported", "CUDA graph capture failed"),
+     _CAPTURE, 30, None),
+    (("illegal memory access", "CUDA error:", "device-side assert", "CUBLAS_STATUS_", "Segmentation fault",
+      "Fatal Python error", "core dumped", "CUDA kernel errors might be asynchronously reported"),
+     _CUDA, 30, None),
+    (("NCCL error", "DistBackendError", "ncclUnhandledCudaError", "ncclInternalError", "ncclSystemError",
+      "RayActorError", "ActorDiedError", "The actor died unexpectedly", "A worker died or was killed",
+      "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out"),
+     Kind.ENGINE_DEAD, 25, None),
+    (("validation error for", "failed to be inspected"), Kind.CONFIG_ERROR, 20, None),
+    (("Engine core initialization failed", "EngineCore initialization failed",
+      "EngineCore_0 initialization failed", "EngineCore failed to start", "EngineCore encountered",
+      "EngineCore hit an exception", "Got fatal signal from worker processes", "EngineDeadError",
+      "Engine process failed to start", "RPCServer process died", "died unexpectedly",
+      "terminating server process", "Engine loop is not running", "Background loop has errored",
+      "Background loop is not running", "Background loop is stopped", "WorkerProc initialization failed",
+      "WorkerProc failed to start", "WorkerProc hit an exception", "Executor failed", "died.')",
+      "Worker failed with error", "Task finished unexpectedly", "output_handler failed"),
+     Kind.ENGINE_DEAD, 10, None),
+)
+_KEYS = tuple((key, i) for i, rule in enumerate(_RULES) for key in rule[0])
+
+# Start-up milestones, matched at the start of the message (research §2).
+_MILESTONES: tuple[tuple[str, str], ...] = (
+    ("vLLM API server version", "config"), ("vLLM server version", "config"),
+    ("non-default args", "config"), ("args: Namespace", "config"), ("Using max model len", "config"),
+    ("Initializing a V1 LLM engine", "engine_init"), ("Initializing a V0 LLM engine", "engine_init"),
+    ("Initializing an LLM engine", "engine_init"), ("Started engine process", "engine_init"),
+    ("Starting to load model", "loading"), ("Loading safetensors checkpoint shards", "loading"),
+    ("Loading pt checkpoint shards", "loading"), ("Loading weights took", "loading"),
+    ("Loading model weights took", "profiling"), ("Model loading took", "profiling"),
+    ("Memory profiling takes", "profiling"), ("Dynamo bytecode transform time", "profiling"),
+    ("Compiling a graph for", "profiling"), ("torch.compile takes", "profiling"),
+    ("Estimated CUDA graph memory", "profiling"), ("the current vLLM instance can use", "profiling"),
+    ("model weights take", "kv_cache"), ("Available KV cache memory", "kv_cache"),
+    ("# GPU blocks", "kv_cache"), ("# cuda blocks", "kv_cache"), ("# CPU blocks", "kv_cache"),
+    ("GPU KV cache size", "kv_cache"), ("GPU + host KV cache size", "kv_cache"),
+    ("CPU KV cache size", "kv_cache"), ("Maximum concurrency for", "kv_cache"),
+    ("Auto-fit max_model_len", "kv_cache"),
+    ("Capturing the model for CUDA graphs", "cudagraph"), ("Capturing cudagraphs", "cudagraph"),
+    ("Capturing CUDA graph", "cudagraph"),
+    ("Graph capturing finished", "warmup"), ("CUDA graph pool memory", "warmup"),
+    ("init engine (profile", "api_starting"), ("Started server process", "api_starting"),
+    ("Waiting for application startup", "api_starting"), ("Available routes are", "api_starting"),
+    ("Starting vLLM API server", "serving"), ("Starting vLLM server on", "serving"),
+    ("Application startup complete", "serving"), ("Uvicorn running on", "serving"),
+)
+_MILESTONE_PREFIXES = tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:")
+
+# Traceback frame names -> where the failure happened (research §3.d table). Deepest frame wins.
+_FRAME_PHASE = {
+    **dict.fromkeys(("load_model", "load_weights", "get_model", "initialize_model", "_initialize_model",
+                     "create_weights", "_load_weights", "load_checkpoint"), "loading"),
+    **dict.fromkeys(("profile_run", "determine_available_memory", "determine_num_available_blocks",
+                     "profile", "memory_profiling"), "profiling"),
+    **dict.fromkeys(("initialize_kv_cache", "_allocate_kv_cache_tensors", "initialize_from_config",
+                     "initialize_cache", "_init_cache_engine", "_allocate_kv_cache",
+                     "initialize_kv_cache_tensors", "_reshape_kv_cache_tensors"), "kv_cache"),
+    **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "compile_or_warm_up_model",
+                     "_warm_up_model", "warm_up_model"),
+                    "cudagraph"),
+    **dict.fromkeys(("execute_model", "step", "run_busy_loop", "_process_engine_step",
+                     "step_with_batch_queue", "engine_step", "run_engine_loop", "execute_model_async",
+                     "_process_input_queue", "sample_tokens"), "serving"),
+}
+
+
+class Classifier:
+    """Streaming classifier: feed it output lines, ask it for the verdict at any time."""
+
+    def __init__(self, max_lines: int = 2000) -> None:
+        self.lines: deque[str] = deque(maxlen=max(1, max_lines))
+        self._phase = 0
+        self._serving = False
+        self._numbers: dict[str, Any] = {}
+        # verdict: (priority, kind, evidence, numbers, phase, detail)
+        self._best: tuple[int, Kind, str, dict[str, Any], str] | None = None
+        self._oom_by_frames = False
+        self._oom_frames = False
+        self._announced = False
+        self._terminated = False
+        self._frame_phase: str | None = None
+        self._last_exc = ""          # last unrecognised exception line (evidence for wrappers)
+        self._exc_after_wrapper = ""
+        self._join = ""              # the hard-wrapped record being re-assembled
+        self._join_level, self._join_rank = _RAW, None
+        self._prev_width = 0
+        self._since_long = 0         # lines since one longer than the wrap width (wrap detection)
+        self._long_seen = False
+
+    # ------------------------------------------------------------------ public
+    @property
+    def phase(self) -> str:
+        """The latest start-up milestone seen (one of ``model.PHASES``)."""
+        return PHASES[self._phase]
+
+    @property
+    def serving(self) -> bool:
+        """True once vLLM said its HTTP server started."""
+        return self._serving
+
+    @property
+    def numbers(self) -> dict:
+        """Numbers stated so far by milestone and configuration lines."""
+        return dict(self._numbers)
+
+    def feed(self, line: str | bytes) -> Diagnosis | None:
+        """Take one line of output; return the verdict the first time a fatal line shows up."""
+        try:
+            return self._feed(line)
+        except Exception:  # noqa: BLE001 - a log line must never take the daemon down
+            return None
+
+    def diagnose(self, exit_code: int | None = None) -> Diagnosis:
+        """The final verdict over everything seen; ``exit_code`` None means still running."""
+        if self._best is not None:
+            prio, kind, evidence, nums, phase = self._best
+            if prio <= 10 and (self._last_exc or self._exc_after_wrapper):
+                evidence = self._last_exc or self._exc_after_wrapper
+            numbers = {**self._numbers, **nums}
+            return Diagnosis(kind, _trim(evidence), _public(numbers), phase, _detail(kind, numbers, phase))
+        numbers = _public(dict(self._numbers))
+        if exit_code not in (None, 0) and not self._terminated:
+            evidence = _trim(self._last_exc or self._exc_after_wrapper)
+            detail = f"vLLM exited with code {exit_code} and printed no failure this tool recognises."
+            return Diagnosis(Kind.ENGINE_DEAD, evidence, numbers, self.phase, detail)
+        detail = ("vLLM was stopped by a signal (our own SIGTERM); nothing failed." if self._terminated
+                  else "No fatal failure in the output.")
+        return Diagnosis(Kind.HEALTHY, "", numbers, self.phase, detail)
+
+    # ------------------------------------------------------------------ internals
+    def _feed(self, line: str | bytes) -> Diagnosis | None:
+        if isinstance(line, (bytes, bytearray)):
+            line = bytes(line).decode("utf-8", "replace")
+        elif not isinstance(line, str):
+            line = str(line)
+        if "\x00" in line:
+            line = line.replace("\x00", "")
+        before = self._best
+        if "\r" in line or "\n" in line:
+            for seg in re.split(r"[\r\n]+", line):
+                if seg:
+                    self._physical(seg)
+        elif line:
+            self._physical(line)
+        if self._best is not before and self._best is not None and not self._announced:
+            self._announced = True
+            return self.diagnose()
+        return None
+
+    def _physical(self, seg: str) -> None:
+        if len(seg) > 400 and _SPLIT.search(seg, 1):
+            for piece in _SPLIT.split(seg):
+                if piece:
+                    self._one(piece)
+        else:
+            self._one(seg)
+
+    def _one(self, seg: str) -> None:
+        if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
+            seg = _ANSI.sub("", seg)
+        width = len(seg)
+        text, level, rank = _strip(seg)
+        self.lines.append(text[:_KEEP])
+        if width > _WRAP_WIDTH:
+            self._since_long, self._long_seen = 0, True
+        else:
+            self._since_long += 1
+        # A terminal hard-wraps at 80 columns: a header-less line after an 80-ish one continues it.
+        wrapped_log = not self._long_seen or self._since_long > 256
+        if (wrapped_log and self._join and level == _RAW
+                and 60 <= self._prev_width <= _WRAP_WIDTH and not text.lstrip().startswith(("File \"", "Traceback"))):
+            sep = "" if self._prev_width == _WRAP_WIDTH else " "
+            self._join = (self._join + sep + text.lstrip())[:_JOIN_CAP]
+            level, rank = self._join_level, rank if rank is not None else self._join_rank
+            self._line(text, level, rank)
+            self._line(self._join, level, rank, joined=True)
+        else:
+            self._join = text if wrapped_log else ""
+            self._join_level, self._join_rank = level, rank
+            self._line(text, level, rank)
+        self._prev_width = width
+
+    def _line(self, text: str, level: int, rank: int | None, joined: bool = False) -> None:
+        stripped = text.lstrip()
+        if stripped.startswith("File \"") and not joined:
+            m = _FRAME.match(stripped)
+            if m:
+                where = _FRAME_PHASE.get(m.group(2).rsplit(".", 1)[-1])
+                if where and not (where == "serving" and self._frame_phase not in (None, "serving")):
+                    self._frame_phase = where
+                elif "cuda_graph" in m.group(1) or "cudagraph" in m.group(1) or "torch/cuda/graphs" in m.group(1):
+                    self._frame_phase = "cudagraph"
+            if len(text) < 300:
+                return
+        elif stripped.startswith("Traceback (most recent call last)"):
+            self._frame_phase = None
+            return
+        if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text
+                                or "max_seq_len=" in text or (self._phase <= 1 and "version" in text)):
+            self._milestone(text)
+        if level == _INFO or (text.startswith("    ") and len(text) < 300):
+            return   # INFO/DEBUG records and traceback source lines never carry a failure
+        self._check(text, level, rank, joined)
+
+    def _milestone(self, text: str) -> None:
+        for prefix, phase in _MILESTONES:
+            if text.startswith(prefix):
+                if phase == "config" and prefix.startswith("vLLM") and self._phase > _PHASE["config"]:
+                    self._phase, self._serving = 0, False   # a new launch in the same log
+                self._phase = max(self._phase, _PHASE[phase])
+                if phase == "serving":
+                    self._serving = True
+                break
+        found = _info_numbers(text)
+        if "vllm_version" not in found and self._phase <= 1 and any(c in text for c in "█▄▀"):
+            m = _RX_LOGO.search(text)
+            if m:
+                found["vllm_version"] = m.group(1)
+        if "vllm_version" in found and "vllm_version" in self._numbers:
+            del found["vllm_version"]   # the first launch's version stands
+        self._numbers.update(found)
+
+    def _check(self, text: str, level: int, rank: int | None, joined: bool = False) -> None:
+        if level == _WARN:
+            return   # nothing vLLM logs at WARNING is fatal (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN's override)
+        if text.startswith("KeyboardInterrupt"):
+            self._terminated = True
+            return
+        hit = None
+        for key, index in _KEYS:
+            if key in text:
+                hit = index
+                break
+        if hit is None:
+            if not joined and _EXC.match(text):
+                self._unrecognised(text, level, rank)
+            return
+        keys, kind, prio, extract = _RULES[hit]
+        if self._terminated and prio < 30:
+            return   # the wrappers our own SIGTERM provokes are not failures
+        numbers = extract(text) if extract else {}
+        phase = self.phase
+        if kind == _OOM:
+            kind, phase = self._where_oom(text)
+        elif kind == _CAPTURE:
+            kind = Kind.OOM_CUDAGRAPH
+            phase = "cudagraph" if self._in_capture() else phase
+        elif kind == _CUDA:
+            if self._in_capture():
+                kind, phase = Kind.OOM_CUDAGRAPH, "cudagraph"
+            else:
+                kind = Kind.ENGINE_DEAD
+        if rank is not None:
+            numbers["rank"] = rank
+        self._offer(prio, kind, text, numbers, phase, joined)
+
+    def _unrecognised(self, text: str, level: int, rank: int | None) -> None:
+        if text.startswith(("asyncio.exceptions.CancelledError", "CancelledError")):
+            return
+        if self._in_capture() and not self._serving and not self._terminated:
+            numbers = {"rank": rank} if rank is not None else {}
+            self._offer(30, Kind.OOM_CUDAGRAPH, text, numbers, "cudagraph", False)
+            return
+        if self._best is None:
+            self._last_exc = text[:_KEEP]
+        elif not self._exc_after_wrapper:
+            self._exc_after_wrapper = text[:_KEEP]
+
+    def _in_capture(self) -> bool:
+        if self._serving:
+            return False
+        if self._frame_phase is not None:
+            return self._frame_phase == "cudagraph"
+        return self._phase == _PHASE["cudagraph"]
+
+    def _where_oom(self, text: str) -> tuple[Kind, str]:
+        """Place an OOM: the message itself, then the traceback frames, then the last milestone."""
+        self._oom_frames = self._frame_phase is not None
+        if "not enough GPU memory" in text or "linear weights" in text or "allocate the weight" in text:
+            return Kind.OOM_WEIGHTS, "loading"
+        where = self._frame_phase
+        if self._serving:
+            where = "serving"
+        elif where is None:
+            where = self.phase
+            if "warming up" in text:
+                where = "profiling" if self._phase <= _PHASE["profiling"] else "warmup"
+            elif "private pools" in text and self._phase >= _PHASE["kv_cache"]:
+                where = "cudagraph"
+        if where in ("launching", "config", "engine_init", "loading"):
+            return Kind.OOM_WEIGHTS, where
+        if where in ("profiling",):
+            return Kind.OOM_PROFILE, where
+        if where == "kv_cache":
+            # V1 logs nothing when capture starts, so after "GPU KV cache size" an OOM without
+            # frames is most likely the capture; V0 announces its capture, so there it is the KV
+            # allocation itself, which is sized during profiling.
+            if self._frame_phase == "kv_cache" or "num_gpu_blocks" in self._numbers:
+                return Kind.OOM_PROFILE, where
+            return Kind.OOM_CUDAGRAPH, "cudagraph"
+        if where in ("cudagraph", "warmup"):
+            return Kind.OOM_CUDAGRAPH, where
+        return Kind.OOM_RUNTIME, "serving"
+
+    def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str,
+               joined: bool) -> None:
+        best = self._best
+        oom_frames = self._oom_frames
+        if best is None or prio > best[0]:
+            self._best = (prio, kind, text, numbers, phase)
+            self._oom_by_frames = oom_frames
+        elif best[1] in _OOM_KINDS and kind in _OOM_KINDS and prio == best[0]:
+            # V0 logs str(e) before the traceback: a later copy with frames places it better.
+            merged = {**numbers, **best[3]}
+            if oom_frames and not self._oom_by_frames:
+                self._best = (prio, kind, best[2], merged, phase)
+                self._oom_by_frames = True
+            else:
+                self._best = (prio, best[1], best[2], merged, best[4])
+        elif kind is best[1] and prio == best[0] and len(numbers) > len(best[3]):
+            evidence = text if joined else best[2]
+            self._best = (prio, kind, evidence, {**numbers, **best[3]}, best[4])
+
+
+_OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})
+
+
+_FAST = re.compile(
+    r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+\) ?)?"
+    r"(?:(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
+)
+_RANK_OF: dict[str, int | None] = {}
+
+
+def _rank_of(proc: str) -> int | None:
+    """TP rank from a process tag such as ``Worker_TP1`` or ``VllmWorker rank=1`` (cached)."""
+    if proc not in _RANK_OF:
+        if len(_RANK_OF) > 4096:
+            _RANK_OF.clear()
+        m = _RANK.search(proc)
+        _RANK_OF[proc] = int(m.group(1)) if m else None
+    return _RANK_OF[proc]
+
+
+def _strip(seg: str) -> tuple[str, int, int | None]:
+    """Remove prefixes and the log header; return (message, level, TP rank or None)."""
+    m = _FAST.match(seg)   # the common case: one optional process tag, then a log header
+    if m:
+        proc = m.group("proc")
+        rank = _rank_of(proc) if proc else None
+        text = seg[m.end():]
+        if text[:1] == "(":   # 0.31+ puts the process tag inside the log format
+            m2 = _LEAD.match(text)
+            if m2 and m2.group("proc"):
+                rank = _rank_of(m2.group("proc"))
+                text = text[m2.end():]
+        return text.rstrip(), _LEVELS[m.group("lvl") or m.group("ulvl")], rank
+    text = seg.rstrip()
+    rank = None
+    level = _RAW
+    for _ in range(6):
+        c = text[:1]
+        if not (c == "(" or c == "[" or c.isdigit() or "|" in text[:64]):
+            break
+        m = _LEAD.match(text)
+        if not m or not m.group(0):
+            break
+        if m.group("rank"):
+            rank = int(m.group("rank"))
+        elif m.group("proc"):
+            rank = _rank_of(m.group("proc"))
+        text = text[m.end():]
+    c = text[:1]
+    if c in "DIWEC" or c.isdigit():
+        m = _HEADER.match(text)
+        if m:
+            lvl = m.group("lvl") or m.group("ulvl")
+            level = _LEVELS.get(lvl, _ERROR) if lvl else _RAW
+            text = text[m.end():]
+            if text[:1] == "(":
+                m = _LEAD.match(text)
+                if m and m.group("proc"):
+                    rank = _rank_of(m.group("proc"))
+                    text = text[m.end():]
+    return text, level, rank
+
+
+def normalize(line: str | bytes) -> str:
+    """The message of one log line: ANSI colour, ``\\r``, prefixes and log header removed."""
+    if isinstance(line, (bytes, bytearray)):
+        line = bytes(line).decode("utf-8", "replace")
+    line = line.replace("\x00", "").replace("\r", "").replace("\n", " ")
+    if any(h in line for h in _ANSI_HINT):
+        line = _ANSI.sub("", line)
+    return _strip(line)[0]
+
+
+def classify(lines: Iterable[str | bytes], exit_code: int | None = None) -> Diagnosis:
+    """Classify a whole log (an iterable of lines) in one go."""
+    classifier = Classifier()
+    for line in lines:
+        classifier.feed(line)
+    return classifier.diagnose(exit_code)
+
+
+def _trim(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _EVIDENCE else text[: _EVIDENCE - 1] + "…"
+
+
+_PUBLIC_DROP = ("config_max_seq_len",)
+
+
+def _public(numbers: dict[str, Any]) -> dict[str, Any]:
+    if "served_max_model_len" not in numbers and "config_max_seq_len" in numbers:
+        numbers["served_max_model_len"] = numbers["config_max_seq_len"]
+    for key in _PUBLIC_DROP:
+        numbers.pop(key, None)
+    return numbers
+
+
+def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
+    """One readable sentence about the verdict."""
+    if kind is Kind.KV_CACHE_INSUFFICIENT:
+        s = f"max_model_len {n.get('max_model_len', '?')} does not fit in the KV cache"
+        if "kv_needed_gib" in n:
+            s += f" ({n['kv_needed_gib']} GiB needed, {n.get('kv_available_gib', '?')} GiB available)"
+        if "fit_max_model_len" in n:
+            s += f"; about {n['fit_max_model_len']} tokens fit"
+        return s + "."
+    if kind is Kind.NO_KV_CACHE_MEMORY:
+        return "Nothing was left for the KV cache after the weights and activations."
+    if kind is Kind.INSUFFICIENT_FREE_MEMORY:
+        if "total_gib" in n:
+            return (f"Only {n.get('free_gib')} of {n['total_gib']} GiB was free at start-up, less than the "
+                    f"{n.get('requested_utilization')} utilisation asked for; something else holds GPU memory.")
+        return "GPU memory held by other processes left less free than vLLM was asked to use."
+    if kind in _OOM_KINDS:
+        where = {Kind.OOM_WEIGHTS: "while loading the weights", Kind.OOM_PROFILE: "during the memory profile run",
+                 Kind.OOM_CUDAGRAPH: "during CUDA graph capture or warm-up",
+                 Kind.OOM_RUNTIME: "while serving requests"}[kind]
+        tried = f" (tried to allocate {n['tried_to_allocate_mib']} MiB)" if "tried_to_allocate_mib" in n else ""
+        return f"The GPU ran out of memory {where}{tried}."
+    if kind is Kind.MAX_LEN_EXCEEDS_MODEL:
+        return (f"max_model_len {n.get('max_model_len', '?')} is above the model's own limit of "
+                f"{n.get('derived_max_model_len', '?')}.")
+    if kind is Kind.CONFIG_ERROR:
+        return "vLLM rejected its configuration; changing memory flags will not help."
+    if kind is Kind.ENGINE_DEAD:
+        return f"The vLLM engine died ({phase}); a restart may help."
+    return "No fatal failure in the output."

@@ -11,7 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 #: config.json dtype names -> bytes per element.
@@ -245,19 +245,14 @@ def model_info_from_config(config: dict[str, Any], *, name: str = "", path: str 
         quantization=method,
         num_experts=int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0),
     )
-    info = _replace(info, derived_max_model_len=derive_max_model_len(info))
+    info = replace(info, derived_max_model_len=derive_max_model_len(info))
     if info.weights_bytes is None:
         linear, other = estimate_params(info, cfg)
         _, qbytes = _quantization(cfg)
         per_linear = qbytes if qbytes is not None else info.dtype_bytes
-        info = _replace(info, weights_bytes=int(linear * per_linear + other * min(info.dtype_bytes, 2)),
+        info = replace(info, weights_bytes=int(linear * per_linear + other * min(info.dtype_bytes, 2)),
                         weights_source="estimate")
     return info
-
-
-def _replace(info: ModelInfo, **changes: Any) -> ModelInfo:
-    from dataclasses import replace
-    return replace(info, **changes)
 
 
 # -- the shell: finding config.json and the weights -------------------------------------------

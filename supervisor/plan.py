@@ -330,20 +330,36 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
                   max_num_batched_tokens=flags.get_int("--max-num-batched-tokens"),
                   max_num_seqs=flags.get_int("--max-num-seqs"), device_name=device_name, dtype=dtype)
 
+    tokens = common["max_num_batched_tokens"] or batch_defaults(total, vllm_version=vllm_version,
+                                                                  platform=platform)[0]
+
+    def fit_at(length: int, kv_dtype_: str) -> int:
+        b = kv_budget(info, max_model_len=length, **common)
+        kv = b.kv_bytes if b.exact else int(b.kv_bytes * (1 - margin))
+        return fit_max_model_len(kv, info, tp=tp, pp=pp, kv_cache_dtype=kv_dtype_, block_size=block,
+                                 vllm_version=vllm_version, upper=asked, max_num_batched_tokens=tokens,
+                                 hybrid=hybrid, dtype=dtype)
+
     def fit_for(kv_dtype_: str) -> int:
-        length = asked
-        for _ in range(4):   # V0 profiles the context itself, so the budget depends on the length: iterate
-            b = kv_budget(info, max_model_len=length, **common)
-            kv = b.kv_bytes if b.exact else int(b.kv_bytes * (1 - margin))
-            tokens = common["max_num_batched_tokens"] or batch_defaults(total, vllm_version=vllm_version,
-                                                                          platform=platform)[0]
-            new = fit_max_model_len(kv, info, tp=tp, pp=pp, kv_cache_dtype=kv_dtype_, block_size=block,
-                                    vllm_version=vllm_version, upper=asked, max_num_batched_tokens=tokens,
-                                    hybrid=hybrid, dtype=dtype)
-            if new == length or ver >= (0, 8, 0):
-                return new
-            length = max(new, 1)
-        return new
+        if ver >= (0, 8, 0) or platform == "cpu":
+            return fit_at(asked, kv_dtype_)       # the profile run does not depend on the length
+        # V0 profiles up to the whole context at once (chunked only above 32768), so a shorter
+        # context frees activation memory: the largest block-aligned L with L <= fit(budget(L)),
+        # searched on each side of the 32K switch where that predicate is monotone.
+        best = 0
+        for lo, hi in ((32769, asked), (1, min(asked, 32768))):
+            if lo > hi:
+                continue
+            if fit_at(hi, kv_dtype_) >= hi:
+                return max(best, hi)
+            k_lo, k_hi = _cdiv(lo, block), hi // block
+            while k_lo <= k_hi:
+                mid = (k_lo + k_hi) // 2
+                if fit_at(mid * block, kv_dtype_) >= mid * block:
+                    best, k_lo = max(best, mid * block), mid + 1
+                else:
+                    k_hi = mid - 1
+        return best
 
     try:
         fit = fit_for(kv_dtype)

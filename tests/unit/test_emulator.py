@@ -1,0 +1,203 @@
+"""The memory emulator against the worked examples of vllm-memory-model.md (§6.1, §1.8, §7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.model import Kind
+from tests.fakes.emulator import GpuSpec, ModelSpec, simulate, vtuple
+
+# config.json values from the research table (§6); weights are the observed log figures.
+LLAMA_8B = ModelSpec("meta-llama/Llama-3.1-8B-Instruct", weights_gib=14.99, kv_bytes_per_token=131072,
+                     num_kv_heads=8, derived_max_model_len=131072, vocab=128256, hidden=4096, intermediate=14336)
+QWEN_7B = ModelSpec("Qwen/Qwen2.5-7B-Instruct", weights_gib=14.25, kv_bytes_per_token=57344, num_kv_heads=4,
+                    derived_max_model_len=32768, vocab=152064, hidden=3584, intermediate=18944)
+MISTRAL_7B = ModelSpec("mistralai/Mistral-7B-v0.3", weights_gib=13.50, kv_bytes_per_token=131072, num_kv_heads=8,
+                       derived_max_model_len=32768, vocab=32768, hidden=4096, intermediate=14336)
+QWEN_32B_AWQ = ModelSpec("Qwen/Qwen2.5-32B-Instruct-AWQ", weights_gib=18.00, kv_bytes_per_token=262144,
+                         num_kv_heads=8, derived_max_model_len=32768, vocab=152064, hidden=5120, intermediate=27648)
+CARD_24 = GpuSpec(total_gib=23.55)
+
+
+def test_version_strings_parse_like_pep440_releases():
+    assert vtuple("0.6.3.post1") == (0, 6, 3)
+    assert vtuple("0.10.1.1") == (0, 10, 1)
+    assert vtuple("0.10.2rc3.dev253+ga684c0124") == (0, 10, 2)
+    assert vtuple("0.32.0") == (0, 32, 0)
+
+
+@pytest.mark.parametrize("util, kv_gib, estimate", [(0.90, 5.08, 41_600), (0.95, 6.25, 51_200)])
+def test_llama_8b_on_24gb_matches_the_worked_example(util, kv_gib, estimate):
+    out = simulate(LLAMA_8B, CARD_24, "0.10.2", {"--gpu-memory-utilization": str(util)})
+    assert out.kind == Kind.KV_CACHE_INSUFFICIENT.value and out.phase == "profiling"
+    assert out.numbers["kv_available_gib"] == pytest.approx(kv_gib, abs=0.02)
+    assert out.numbers["kv_needed_gib"] == 16.0       # 131072 tokens x 128 KiB
+    assert out.numbers["fit_max_model_len"] == pytest.approx(estimate, rel=0.01)
+    assert out.numbers["fit_max_model_len"] % 16 == 0
+
+
+def test_estimate_is_exactly_the_block_arithmetic():
+    out = simulate(LLAMA_8B, CARD_24, "0.10.2", {}, activation_gib=1.0)
+    kv_bytes = int(out.numbers["budget_gib"] * 2**30 - (14.99 + 1.0 + 0.1) * 2**30)
+    assert out.numbers["fit_max_model_len"] == kv_bytes // (131072 * 16) * 16
+
+
+def test_graph_estimate_is_subtracted_from_0_20():
+    out = simulate(LLAMA_8B, CARD_24, "0.20.0", {"--gpu-memory-utilization": "0.90"}, cudagraph_gib=0.4)
+    assert out.numbers["fit_max_model_len"] == pytest.approx(38_300, rel=0.01)
+    eager = simulate(LLAMA_8B, CARD_24, "0.20.0", {"--gpu-memory-utilization": "0.90", "--enforce-eager": ""},
+                     cudagraph_gib=0.4)
+    assert eager.numbers["fit_max_model_len"] > out.numbers["fit_max_model_len"]
+
+
+def test_default_utilization_is_0_92_from_0_20():
+    assert simulate(LLAMA_8B, CARD_24, "0.19.0", {}).numbers["requested_utilization"] == 0.90
+    assert simulate(LLAMA_8B, CARD_24, "0.20.0", {}).numbers["requested_utilization"] == 0.92
+
+
+@pytest.mark.parametrize("model, util, kv_gib, tokens", [
+    (QWEN_7B, 0.90, 5.63, 105_500),
+    (QWEN_7B, 0.95, 6.81, 127_600),
+    (MISTRAL_7B, 0.90, 7.29, 59_700),
+    (QWEN_32B_AWQ, 0.90, 1.86, 7_600),
+])
+def test_table_6_1(model, util, kv_gib, tokens):
+    out = simulate(model, CARD_24, "0.10.2", {"--gpu-memory-utilization": str(util), "--max-model-len": "1024"})
+    assert out.ok and out.served_max_model_len == 1024
+    assert out.numbers["kv_available_gib"] == pytest.approx(kv_gib, abs=0.03)
+    assert out.numbers["kv_tokens"] == pytest.approx(tokens, rel=0.02)  # table rounds KV GiB
+
+
+def test_fp8_kv_halves_bytes_per_token_and_doubles_the_estimate():
+    bf16 = simulate(LLAMA_8B, CARD_24, "0.32.0", {"--gpu-memory-utilization": "0.90"})
+    fp8 = simulate(LLAMA_8B, CARD_24, "0.32.0", {"--gpu-memory-utilization": "0.90", "--kv-cache-dtype": "fp8"})
+    assert fp8.numbers["kv_needed_gib"] == 8.0
+    assert fp8.numbers["fit_max_model_len"] == pytest.approx(2 * bf16.numbers["fit_max_model_len"], abs=32)
+
+
+def test_fp8_refused_before_ada_from_0_11():
+    out = simulate(LLAMA_8B, GpuSpec(23.55, cc=(8, 6)), "0.32.0", {"--kv-cache-dtype": "fp8"})
+    assert out.kind == Kind.CONFIG_ERROR.value
+
+
+def test_fp8_off_hopper_falls_back_to_v0_on_0_8_to_0_10():
+    out = simulate(LLAMA_8B, GpuSpec(23.55, cc=(8, 9)), "0.10.2", {"--kv-cache-dtype": "fp8"})
+    assert out.numbers["engine"] == "v0"
+    assert out.kind == Kind.KV_CACHE_INSUFFICIENT.value and out.phase == "kv_cache"
+    hopper = simulate(LLAMA_8B, GpuSpec(79.19, cc=(9, 0)), "0.10.2", {"--kv-cache-dtype": "fp8"})
+    assert hopper.numbers["engine"] == "v1"
+
+
+def test_estimate_absent_in_0_8_4_to_0_9_0():
+    for version in ("0.8.4", "0.9.0"):
+        out = simulate(LLAMA_8B, CARD_24, version, {})
+        assert out.kind == Kind.KV_CACHE_INSUFFICIENT.value
+        assert "fit_max_model_len" not in out.numbers and out.numbers["kv_available_gib"] > 0
+    assert "fit_max_model_len" in simulate(LLAMA_8B, CARD_24, "0.9.1", {}).numbers
+
+
+def test_v0_profile_pushes_the_whole_context_below_32k():
+    # §1.8: fits ~27.8K, fails at exactly 32768, fits again above 32768 (chunked prefill).
+    assert simulate(LLAMA_8B, CARD_24, "0.6.3", {"--max-model-len": "27000"}).ok
+    at_32k = simulate(LLAMA_8B, CARD_24, "0.6.3", {"--max-model-len": "32768"})
+    assert at_32k.kind == Kind.KV_CACHE_INSUFFICIENT.value
+    assert 20_000 < at_32k.numbers["fit_max_model_len"] < 32_768
+    assert simulate(LLAMA_8B, CARD_24, "0.7.3", {"--max-model-len": "40000"}).ok
+
+
+def test_derived_max_len_and_the_override_env():
+    out = simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "65536"})
+    assert out.kind == Kind.MAX_LEN_EXCEEDS_MODEL.value and out.phase == "config"
+    assert out.numbers["derived_max_model_len"] == 32768
+    allowed = simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "65536"},
+                       env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    assert allowed.kind != Kind.MAX_LEN_EXCEEDS_MODEL.value
+
+
+def test_free_memory_check_only_from_0_9_1():
+    busy = GpuSpec(23.55, other_used_gib=4.0)
+    out = simulate(QWEN_7B, busy, "0.32.0", {"--max-model-len": "8192"})
+    assert out.kind == Kind.INSUFFICIENT_FREE_MEMORY.value and out.phase == "engine_init"
+    assert out.numbers["free_gib"] < out.numbers["requested_gib"]
+    old = simulate(QWEN_7B, busy, "0.9.0", {"--max-model-len": "8192"})   # global cap: shrinks KV instead
+    assert old.kind != Kind.INSUFFICIENT_FREE_MEMORY.value
+    assert old.numbers["kv_available_gib"] < simulate(QWEN_7B, CARD_24, "0.9.0", {}).numbers["kv_available_gib"]
+
+
+def test_weights_that_do_not_fit_the_card_oom_while_loading():
+    big = ModelSpec("Qwen/Qwen2.5-32B-Instruct", 61.03, 262144, 8, 32768, hidden=5120, intermediate=27648)
+    out = simulate(big, CARD_24, "0.32.0", {"--max-model-len": "4096"})
+    assert out.kind == Kind.OOM_WEIGHTS.value and out.phase == "loading"
+    two = simulate(big, GpuSpec(79.19, count=2), "0.32.0", {"--max-model-len": "4096", "--tensor-parallel-size": "2"})
+    assert two.ok
+    offload = simulate(big, CARD_24, "0.32.0", {"--max-model-len": "4096", "--cpu-offload-gb": "45"})
+    assert offload.numbers["weights_gib"] == pytest.approx(16.03) and offload.kind != Kind.OOM_WEIGHTS.value
+
+
+def test_weights_over_budget_but_under_the_card_leave_no_kv():
+    out = simulate(QWEN_7B, CARD_24, "0.32.0", {"--gpu-memory-utilization": "0.6"})
+    assert out.kind == Kind.NO_KV_CACHE_MEMORY.value and out.numbers["kv_available_gib"] <= 0
+
+
+def test_activation_peak_grows_with_max_num_seqs_until_the_profile_ooms():
+    few = simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "8192", "--max-num-seqs": "64"})
+    many = simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "8192", "--max-num-seqs": "2048",
+                                                   "--max-num-batched-tokens": "4096"})
+    assert few.numbers["activation_gib"] < many.numbers["activation_gib"]
+    huge = simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "8192", "--max-num-seqs": "8192",
+                                                   "--max-num-batched-tokens": "8192"})
+    assert huge.kind == Kind.OOM_PROFILE.value and huge.numbers["num_dummy_requests"] == 8192
+
+
+def test_tp_divides_kv_heads_but_not_below_one_head():
+    tp8 = simulate(QWEN_7B, GpuSpec(79.19, count=8), "0.32.0", {"--tensor-parallel-size": "8"})
+    assert tp8.numbers["kv_bytes_per_token"] == 57344 // 4   # 4 KV heads: replicated beyond TP=4
+    mla = ModelSpec("deepseek-ai/DeepSeek-V2-Lite", 29.26, 31104, 1, 163840, mla=True)
+    assert simulate(mla, GpuSpec(79.19, count=2), "0.32.0",
+                    {"--tensor-parallel-size": "2"}).numbers["kv_bytes_per_token"] == 31104
+
+
+def test_cuda_graph_capture_oom_before_0_20_and_enforce_eager_heals_it():
+    flags = {"--max-model-len": "8192", "--gpu-memory-utilization": "0.97"}
+    out = simulate(QWEN_7B, CARD_24, "0.18.0", flags)
+    assert out.kind == Kind.OOM_CUDAGRAPH.value and out.phase == "cudagraph"
+    assert simulate(QWEN_7B, CARD_24, "0.18.0", {**flags, "--enforce-eager": ""}).ok
+    assert simulate(QWEN_7B, CARD_24, "0.20.0", flags).ok   # 0.20+ budgets the graphs instead
+
+
+def test_max_model_len_auto_fits_from_0_14():
+    out = simulate(LLAMA_8B, CARD_24, "0.32.0", {"--max-model-len": "auto"})
+    assert out.ok and out.numbers["auto_fit_max_model_len"] == out.served_max_model_len < 131072
+    full = simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "auto"})
+    assert full.ok and full.served_max_model_len == 32768
+    old = simulate(LLAMA_8B, CARD_24, "0.13.0", {"--max-model-len": "auto"})
+    assert old.kind == Kind.CONFIG_ERROR.value
+
+
+def test_null_block_is_held_back_from_0_29():
+    flags = {"--num-gpu-blocks-override": "100", "--max-model-len": "1600"}
+    assert simulate(QWEN_7B, CARD_24, "0.28.0", flags, activation_gib=1.0).ok
+    # 0.29+ compares against the KV memory minus one block: 1600 tokens = 100 blocks no longer fit
+    # when the memory holds exactly 100 blocks.
+    exact = 100 * 16 * 57344 / 2**30
+    tight = simulate(QWEN_7B, GpuSpec(23.55), "0.29.0", {"--max-model-len": "1600", "--kv-cache-memory-bytes":
+                                                          str(int(exact * 2**30))}, activation_gib=1.0)
+    assert tight.kind == Kind.KV_CACHE_INSUFFICIENT.value and tight.numbers["fit_max_model_len"] == 1584
+
+
+def test_config_errors():
+    assert simulate(QWEN_7B, CARD_24, "0.32.0", {"--gpu-memory-utilization": "1.5"}).kind == "config_error"
+    assert simulate(QWEN_7B, CARD_24, "0.32.0", {"--tensor-parallel-size": "2"}).kind == "config_error"
+    assert simulate(QWEN_7B, CARD_24, "0.10.2", {"--kv-cache-dtype": "bfloat16"}).kind == "config_error"
+    assert simulate(QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "abc"}).kind == "config_error"
+
+
+def test_every_kind_is_a_supervisor_kind():
+    names = {k.value for k in Kind}
+    cases = [simulate(m, g, v, f) for m, g, v, f in [
+        (LLAMA_8B, CARD_24, "0.32.0", {}),
+        (QWEN_7B, CARD_24, "0.32.0", {"--max-model-len": "8192"}),
+        (QWEN_7B, GpuSpec(23.55, other_used_gib=4), "0.32.0", {}),
+    ]]
+    assert all(c.kind is None or c.kind in names for c in cases)
+    assert cases[1].ok and cases[1].kind is None and cases[1].phase == "serving"

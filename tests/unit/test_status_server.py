@@ -1,0 +1,348 @@
+"""The status endpoint over real HTTP: routes, auth, redaction, and hostile clients."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.metrics import Metrics
+from supervisor.status import StatusServer, StatusServerError
+
+TOKEN = "s3cret-token-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class FakeGuard:
+    """What the guard hands the server: a snapshot, a ready flag, and a command inbox."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, dict]] = []
+        self.is_ready = False
+        self.snap = {
+            "state": "starting",
+            "model": "org/model",
+            "pid": 4242,
+            "argv": ["vllm", "serve", "org/model", "--api-key", "sk-live-abcdefghijklmnop", "--max-model-len", "8192"],
+            "changed_flags": {"--max-model-len": {"value": "8192", "requested": "32768",
+                                                   "why": "KV cache holds 9000 tokens"}},
+            "launches": [{"argv": ["vllm", "serve", "--hf-token=hf_abcdefghijklmnopqrstuvwxyz"],
+                          "outcome": "failed", "kind": "kv_cache_insufficient",
+                          "evidence": "ValueError: ... sk-live-abcdefghijklmnop appeared here"}],
+            "env": {"HF_TOKEN": "hf_zyxwvutsrqponmlkjihgfedcba", "CUDA_VISIBLE_DEVICES": "0"},
+        }
+
+    def command(self, name: str, params: dict) -> None:
+        self.commands.append((name, params))
+
+
+@pytest.fixture
+def guard():
+    return FakeGuard()
+
+
+@pytest.fixture
+def server(guard):
+    metrics = Metrics()
+    srv = StatusServer("127.0.0.1", 0, TOKEN, lambda: guard.snap, guard.command, metrics,
+                       lambda: guard.is_ready, request_timeout=1.0)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=5.0) as c:
+        yield c
+
+
+def raw(server: StatusServer, data: bytes, read_timeout: float = 5.0) -> bytes:
+    """Send raw bytes, half-close, and return whatever comes back ('' when closed, reset counts too)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=read_timeout) as s:
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the server answered and closed before we finished sending
+        chunks = []
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except ConnectionResetError:
+            pass
+        return b"".join(chunks)
+
+
+def status_code(response: bytes) -> int | None:
+    if not response.startswith(b"HTTP/"):
+        return None
+    return int(response.split(b" ", 2)[1])
+
+
+# -- routes --------------------------------------------------------------------------------------------
+
+def test_get_status_serves_the_snapshot_as_json(client):
+    r = client.get("/status")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert (body["state"], body["model"], body["pid"]) == ("starting", "org/model", 4242)
+    assert body["changed_flags"]["--max-model-len"]["requested"] == "32768"
+
+
+def test_status_redacts_every_secret(client):
+    text = client.get("/status").text
+    for secret in ("sk-live-abcdefghijklmnop", "hf_abcdefghijklmnopqrstuvwxyz", "hf_zyxwvutsrqponmlkjihgfedcba", TOKEN):
+        assert secret not in text
+    body = json.loads(text)
+    assert body["argv"][3:5] == ["--api-key", "***"]
+    assert body["argv"][5:] == ["--max-model-len", "8192"]      # not a secret, left alone
+    assert body["launches"][0]["argv"][-1] == "--hf-token=***"
+    assert body["launches"][0]["evidence"] == "ValueError: ... *** appeared here"
+    assert body["env"] == {"HF_TOKEN": "***", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_status_never_shows_the_bearer_token_even_if_the_guard_puts_it_there(client, guard):
+    guard.snap = {"state": "healthy", "note": f"token is {TOKEN}"}
+    assert client.get("/status").json()["note"] == "token is ***"
+
+
+def test_healthz_answers_while_the_guard_lives(client):
+    r = client.get("/healthz")
+    assert (r.status_code, r.text) == (200, "ok\n")
+
+
+def test_ready_follows_the_ready_callback(client, guard):
+    assert client.get("/ready").status_code == 503
+    guard.is_ready = True
+    assert client.get("/ready").status_code == 200
+    guard.is_ready = False
+    assert client.get("/ready").status_code == 503
+
+
+def test_metrics_parse_as_prometheus_text(client, server):
+    server.metrics.set_state("healthy")
+    server.metrics.launch_finished("failed", "oom_weights")
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert families["vllm_guard_healthy"].samples[0].value == 1.0
+    launches = [s for s in families["vllm_guard_launches"].samples if s.name.endswith("_total")]
+    assert launches[0].labels == {"outcome": "failed", "kind": "oom_weights"}
+
+
+def test_head_answers_without_a_body(client):
+    r = client.head("/healthz")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_unknown_path_is_404_and_wrong_method_405(client):
+    assert client.get("/nope").status_code == 404
+    assert client.post("/nope", headers=AUTH).status_code == 404
+    r = client.get("/restart")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert client.post("/status", headers=AUTH).status_code == 405
+    assert client.put("/status").status_code == 405
+    assert client.request("BREW", "/status").status_code == 405
+
+
+def test_snapshot_failure_is_a_500_and_the_server_keeps_serving(server, client):
+    def broken():
+        raise KeyError("launches")
+    good, server.snapshot = server.snapshot, broken
+    r = client.get("/status")
+    assert r.status_code == 500 and r.json() == {"error": "snapshot failed: KeyError"}
+    server.snapshot = good
+    assert client.get("/status").json()["state"] == "starting"
+
+
+# -- auth and commands ---------------------------------------------------------------------------------
+
+def test_restart_without_token_is_401(client, guard):
+    r = client.post("/restart")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert guard.commands == []
+
+
+def test_restart_with_wrong_token_is_403(client, guard):
+    assert client.post("/restart", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert client.post("/restart", headers={"Authorization": f"Bearer {TOKEN}x"}).status_code == 403
+    assert client.post("/restart", headers={"Authorization": "Basic dTpw"}).status_code == 401
+    assert guard.commands == []
+
+
+def test_restart_with_the_token_reaches_the_guard(client, guard):
+    r = client.post("/restart", headers=AUTH)
+    assert r.status_code == 202 and r.json() == {"accepted": "restart", "reset": False}
+    assert guard.commands == [("restart", {"reset": False})]
+
+
+def test_restart_reset(client, guard):
+    assert client.post("/restart?reset=1", headers=AUTH).status_code == 202
+    assert client.post("/restart?reset=maybe", headers=AUTH).status_code == 400
+    assert guard.commands == [("restart", {"reset": True})]
+
+
+def test_stop(client, guard):
+    assert client.post("/stop").status_code == 401
+    assert client.post("/stop", headers=AUTH).status_code == 202
+    assert guard.commands == [("stop", {})]
+
+
+def test_a_refusing_guard_gives_503(server, client, guard):
+    def refuse(name, params):
+        raise RuntimeError("shutting down")
+    server.command = refuse
+    r = client.post("/stop", headers=AUTH)
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]
+
+
+def test_non_ascii_authorization_is_403_not_a_crash(server, guard):
+    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
+    assert status_code(response) == 403
+    assert guard.commands == []
+
+
+# -- hostile clients -------------------------------------------------------------------------------------
+
+def test_garbage_request_line_is_400(server, client):
+    assert status_code(raw(server, b"\x00\x01garbage garbage\r\n\r\n")) == 400
+    assert status_code(raw(server, b"GET\r\n\r\n")) in (400, None)
+    assert client.get("/healthz").status_code == 200
+
+
+def test_huge_header_is_refused_and_later_requests_work(server, client):
+    response = raw(server, b"GET /status HTTP/1.1\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+    assert status_code(response) in (None, 431, 400)  # 431, or closed while we were still sending
+    assert client.get("/healthz").status_code == 200
+
+
+def test_huge_body_is_413_without_reading_it(server, client, guard):
+    response = raw(server, b"POST /restart HTTP/1.1\r\nContent-Length: 10000000\r\n" + AUTH_LINE + b"\r\n")
+    assert status_code(response) == 413
+    assert guard.commands == []
+    assert client.get("/healthz").status_code == 200
+
+
+def test_bad_content_length_is_400(server):
+    assert status_code(raw(server, b"POST /stop HTTP/1.1\r\nContent-Length: -5\r\n\r\n")) == 400
+    assert status_code(raw(server, b"POST /stop HTTP/1.1\r\nContent-Length: x\r\n\r\n")) == 400
+
+
+def test_chunked_body_is_refused(server, guard):
+    response = raw(server, b"POST /stop HTTP/1.1\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE + b"\r\n0\r\n\r\n")
+    assert status_code(response) == 411
+    assert guard.commands == []
+
+
+def test_small_body_is_read_and_ignored(client, guard):
+    assert client.post("/stop", headers=AUTH, content=b'{"why": "test"}').status_code == 202
+    assert guard.commands == [("stop", {})]
+
+
+def test_slow_client_does_not_block_others_and_is_dropped(server, client):
+    slow = socket.create_connection(("127.0.0.1", server.port))
+    slow.sendall(b"GET /status HTTP/1.1\r\n")          # ...and never finishes
+    try:
+        t0 = time.monotonic()
+        assert client.get("/healthz").status_code == 200  # served while the slow one waits
+        assert time.monotonic() - t0 < 0.9
+        slow.settimeout(5.0)
+        assert slow.recv(1024) == b""                      # closed at request_timeout (1 s)
+    finally:
+        slow.close()
+
+
+def test_trickling_client_hits_the_request_deadline(server):
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.settimeout(0.2)
+    t0 = time.monotonic()
+    closed = False
+    try:
+        s.sendall(b"GET /status HTTP/1.1\r\n")
+        while time.monotonic() - t0 < 8:
+            try:
+                s.sendall(b"X-A: b\r\n")                  # a header line every 0.5 s: never a timeout
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            try:
+                if s.recv(1024) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                closed = True
+                break
+            time.sleep(0.3)
+    finally:
+        s.close()
+    assert closed and time.monotonic() - t0 < 6          # deadline is 3 x request_timeout
+
+
+def test_many_parallel_clients(server):
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def hit():
+        with httpx.Client(base_url=server.url, timeout=5.0) as c:
+            code = c.get("/status").status_code
+        with lock:
+            codes.append(code)
+
+    threads = [threading.Thread(target=hit) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes == [200] * 20
+
+
+# -- lifecycle ---------------------------------------------------------------------------------------------
+
+def test_port_in_use_is_a_clear_error(server, guard):
+    other = StatusServer("127.0.0.1", server.port, TOKEN, dict, guard.command, Metrics(), bool)
+    with pytest.raises(StatusServerError, match=f"status port 127.0.0.1:{server.port} is already in use"):
+        other.start()
+
+
+def test_ipv6_loopback(guard):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this kernel")
+    srv = StatusServer("::1", 0, TOKEN, lambda: {"state": "healthy"}, guard.command, Metrics(), bool)
+    try:
+        srv.start()
+    except StatusServerError as exc:
+        pytest.skip(f"::1 not available here: {exc}")
+    try:
+        assert httpx.get(f"{srv.url}/healthz", timeout=5).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_stop_closes_the_port_and_is_idempotent(guard):
+    srv = StatusServer("127.0.0.1", 0, TOKEN, dict, guard.command, Metrics(), bool)
+    srv.start()
+    port = srv.port
+    srv.stop()
+    srv.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_an_empty_token_is_refused():
+    with pytest.raises(ValueError):
+        StatusServer("127.0.0.1", 0, "", dict, lambda n, p: None, Metrics(), bool)
+
+
+AUTH_LINE = f"Authorization: Bearer {TOKEN}\r\n".encode()

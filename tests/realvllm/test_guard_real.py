@@ -1,0 +1,189 @@
+"""`vllm-guard start` against the real CPU build of vLLM 0.32 and a tiny random Llama.
+
+Figures these tests rest on (observed, see tests/fixtures/logs/real-0.32/README.md): with
+VLLM_CPU_KVCACHE_SPACE=1 the tiny model's default context (131072) needs 2.0 GiB of KV cache, and
+vLLM fails with "the estimated maximum model length is 65408"; at 65408 it serves in about 25 s
+on 2 cores. Killing VLLM::EngineCore makes the API server exit 0 within 2 s. SIGKILL of the API
+server leaves VLLM::EngineCore and VLLM::Worker running, in its process group.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from realguard import GuardProc, Tracker, alive, is_api_server, is_vllm_proc
+
+# Each test may include the one-time venv set-up (minutes on a fresh machine); waits inside have
+# their own deadlines, sized for 2 busy cores.
+pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(1500)]
+
+LAUNCH_S = 180          # one vLLM start-up or failure, with margin (observed 22-33 s)
+BLOCK = 128             # the CPU backend's KV block size
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _engine_cores(g: GuardProc) -> list[psutil.Process]:
+    return [p for p in g.vllm_descendants() if is_vllm_proc(p) and "EngineCore" in _title(p)]
+
+
+def _title(p: psutil.Process) -> str:
+    try:
+        cmd = p.cmdline()
+        return cmd[0] if cmd and cmd[0].startswith("VLLM::") else p.name()
+    except psutil.Error:
+        return ""
+
+
+def _gone_within(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    """Those of ``procs`` still alive (not zombies) after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    left = [p for p in procs if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    return ", ".join(f"{p.pid} {_title(p)!r}" for p in procs)
+
+
+def _assert_chat(g: GuardProc) -> None:
+    r = g.chat()
+    assert r.status_code == 200, f"chat completion through vLLM: {r.status_code} {r.text[:500]}"
+    body = r.json()
+    assert body["choices"][0]["message"]["role"] == "assistant", body
+    assert body["usage"]["completion_tokens"] == 1, body
+
+
+# --------------------------------------------------------------------------------------------
+# One guard with --no-plan: the real KV failure, healed; then an engine kill; then SIGTERM.
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def noplan(start_guard, tmp_path_factory) -> GuardProc:
+    state = tmp_path_factory.mktemp("state-noplan")
+    return start_guard(state, ["--enforce-eager"], extra=["--no-plan", "--health-interval", "2"])
+
+
+def test_kv_cache_failure_is_healed_in_one_relaunch(noplan: GuardProc) -> None:
+    s = noplan.wait_healthy(2, timeout=2 * LAUNCH_S)
+    first, second = s["launches"]
+    assert first["outcome"] == "failed", first
+    assert first["kind"] == "kv_cache_insufficient", first
+    assert _flag(first["argv"], "--max-model-len") is None, first["argv"]
+    # The estimate vLLM itself printed, read from the evidence the guard kept.
+    m = re.search(r"estimated maximum model length is (\d+)", first["evidence"] or "")
+    assert m, f"the launch record lacks vLLM's estimate: {first['evidence']!r}"
+    estimate = int(m.group(1))
+    chosen = _flag(second["argv"], "--max-model-len")
+    assert chosen is not None, second["argv"]
+    assert abs(int(chosen) - estimate) <= BLOCK, (chosen, estimate)
+    assert second["outcome"] == "healthy", second
+    # One line for the one relaunch, naming the changed flag.
+    out = noplan.output()
+    relaunch_lines = [ln for ln in out.splitlines() if re.search(r"\brelaunch\b", ln, re.I)]
+    assert len(relaunch_lines) == 1, relaunch_lines
+    assert "--max-model-len" in relaunch_lines[0] and chosen in relaunch_lines[0], relaunch_lines[0]
+    _assert_chat(noplan)
+
+
+def test_killed_engine_core_is_relaunched_with_the_same_flags(noplan: GuardProc) -> None:
+    s = noplan.wait_healthy(2, timeout=2 * LAUNCH_S)
+    old_api = s["pid"]
+    engines = _engine_cores(noplan)
+    assert len(engines) == 1, f"expected one VLLM::EngineCore under the guard: {_describe(engines)}"
+    engines[0].kill()
+    s = noplan.wait_healthy(3, timeout=LAUNCH_S + 60)
+    died, again = s["launches"][1], s["launches"][2]
+    assert died["outcome"] == "died" and died["kind"] == "engine_dead", died
+    assert again["argv"] == died["argv"], (again["argv"], died["argv"])
+    assert again["outcome"] == "healthy", again
+    assert s["pid"] != old_api
+    assert not [r for r in s["launches"][1:] if r["outcome"] == "failed"], s["launches"]
+    _assert_chat(noplan)
+
+
+def test_sigterm_to_the_guard_leaves_no_vllm_process(noplan: GuardProc, tracker: Tracker) -> None:
+    noplan.wait("healthy", lambda s: s.get("state") == "healthy", timeout=2 * LAUNCH_S)
+    tree = noplan.vllm_descendants()
+    assert any(is_api_server(p) for p in tree) and any(is_vllm_proc(p) for p in tree), _describe(tree)
+    noplan.signal(signal.SIGTERM)
+    assert noplan.wait_exit(90) == 0
+    left = _gone_within(tree, 3.0)
+    assert not left, f"left behind after SIGTERM: {_describe(left)}"
+    stray = _gone_within(tracker.living_vllm(), 3.0)
+    assert not stray, f"vLLM processes of this session still alive: {_describe(stray)}"
+
+
+# --------------------------------------------------------------------------------------------
+# With the plan: the first launch serves; a SIGKILLed guard's orphans are ended by the next
+# guard on the same state dir, which serves in one launch from the flags it learned.
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plan_state(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("state-plan")
+
+
+@pytest.fixture(scope="module")
+def planned(start_guard, plan_state: Path) -> GuardProc:
+    return start_guard(plan_state, ["--enforce-eager"], extra=["--health-interval", "2"])
+
+
+def test_planned_first_launch_serves(planned: GuardProc) -> None:
+    s = planned.wait_healthy(1, timeout=LAUNCH_S)
+    assert [r["outcome"] for r in s["launches"]] == ["healthy"], s["launches"]
+    assert s["flags_source"] == "plan", s.get("flags_source")
+    _assert_chat(planned)
+
+
+def test_sigkilled_guard_orphans_are_ended_and_learned_flags_serve(
+        planned: GuardProc, start_guard, plan_state: Path, tracker: Tracker) -> None:
+    first = planned.wait_healthy(1, timeout=LAUNCH_S)
+    tree = planned.vllm_descendants()
+    planned.signal(signal.SIGKILL)
+    assert planned.wait_exit(10) == -signal.SIGKILL
+    # vLLM's engine and worker outlive their API server (observed), so they outlive the guard.
+    orphans = [p for p in tree if alive(p) and (is_vllm_proc(p) or is_api_server(p))]
+    assert any(is_vllm_proc(p) for p in orphans), (
+        f"expected VLLM:: orphans after SIGKILL of the guard; tree was {_describe(tree)}")
+
+    again = start_guard(plan_state, ["--enforce-eager"], extra=["--health-interval", "2"],
+                        port=planned.port)
+    # Watch for the new guard's first vLLM: the orphans must be gone by the time it exists.
+    deadline = time.monotonic() + LAUNCH_S
+    new_api: psutil.Process | None = None
+    while new_api is None and time.monotonic() < deadline:
+        assert again.proc.poll() is None, f"the second guard exited:\n{again.tail()}"
+        new_api = next((p for p in again.vllm_descendants() if is_api_server(p)), None)
+        if new_api is None:
+            time.sleep(0.1)
+    assert new_api is not None, f"the second guard launched nothing:\n{again.tail()}"
+    still = [p for p in orphans if alive(p)]
+    assert not still, f"orphans alive when the next launch started: {_describe(still)}"
+
+    s = again.wait_healthy(1, timeout=LAUNCH_S)
+    assert [r["outcome"] for r in s["launches"]] == ["healthy"], s["launches"]
+    assert s["flags_source"] == "store", s.get("flags_source")
+    assert _flag(s["launches"][0]["argv"], "--max-model-len") == _flag(
+        first["launches"][0]["argv"], "--max-model-len")
+    _assert_chat(again)
+    again.signal(signal.SIGTERM)
+    assert again.wait_exit(90) == 0
+    stray = _gone_within(tracker.living_vllm(), 3.0)
+    assert not stray, f"vLLM processes of this session still alive: {_describe(stray)}"

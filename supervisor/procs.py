@@ -90,7 +90,11 @@ def preexec_pdeathsig() -> None:
 
 
 def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process (Linux), so it can reap them."""
+    """Make orphaned descendants re-parent to this process (Linux), so it can see and reap them.
+
+    Optional: a subreaper must then reap every orphan that dies (asyncio reaps only its own
+    children); :func:`end_processes` reaps the ones it ends.
+    """
     if _LIBC is None:
         return False
     return _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -261,8 +265,12 @@ def end_processes(procs: Iterable[psutil.Process], pgid: int | None, grace: floa
         pgid = None  # the child shares our group: signalling it would end the guard
     targets = {p.pid: p for p in procs if p.pid not in protected}
     if pgid is not None:
-        for p in _group_members(pgid):
-            targets.setdefault(p.pid, p)
+        members = _group_members(pgid)
+        if any(p.pid in protected for p in members):
+            pgid = None  # an ancestor of ours is in that group: signal only the listed processes
+        else:
+            for p in members:
+                targets.setdefault(p.pid, p)
     started = [p for p in targets.values() if not _gone(p)]
     _signal(started, pgid, signal.SIGTERM)
     alive = _wait(started, time.monotonic() + grace)

@@ -136,11 +136,15 @@ class Child:
         """Record the launch's processes now (engine and workers), to end or watch them later."""
         if self.pid is None:
             return
-        for p in procs.snapshot_tree(self.pid):
+        tree = procs.snapshot_tree(self.pid)
+        for p in tree:
             try:
                 self.tree.setdefault(p.pid, p.create_time())
             except Exception:
                 continue
+        if self.state_dir:
+            # A second way for the next guard to find them if this one is SIGKILLed.
+            procs.note_tree(self.state_dir, tree)
 
     def lost_processes(self) -> list[int]:
         """Pids of the launch's recorded processes that are gone (e.g. the engine died)."""

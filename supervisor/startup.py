@@ -408,7 +408,7 @@ def backoff_delay(cfg: BackoffConfig, attempt: int, rng: random.Random | None = 
 @contextlib.asynccontextmanager
 async def gpu_turn(g: "Guard") -> AsyncIterator[None]:
     """Hold the GPU's start-up turn while this launch starts (released when healthy or over)."""
-    turn = state._Turn(g.env_start.gpu_key)
+    turn = state.GpuTurn(g.env_start.gpu_key)
     g.env_start.turn = turn
     deadline = time.monotonic() + g.cfg.startup_timeout
     try:

@@ -325,7 +325,6 @@ async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5) -> AsyncIt
         turn.close()
 
 
-_Turn = GpuTurn  # the name startup.py first used
 
 
 # --- learned flags --------------------------------------------------------------------------

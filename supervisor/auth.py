@@ -8,6 +8,7 @@ into the status JSON, the logs or the metrics.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import os
@@ -17,7 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import structlog
+
 from supervisor.config import ConfigError
+
+log = structlog.get_logger("vllm_guard.auth")
 
 TOKEN_ENV = "VLLM_GUARD_TOKEN"
 TOKEN_FILE_NAME = "token"
@@ -85,6 +90,10 @@ def resolve_token(state_dir: str, token_file: str, environ: Mapping[str, str]) -
         return env, None, True
     if token_file:
         token = _read_token(token_file)
+        with contextlib.suppress(OSError):
+            if os.stat(token_file).st_mode & 0o077:
+                log.warning("token file is readable by other users; chmod 600 it",
+                            token_file=token_file)
         register_secret(token)
         return token, None, True
     path = str(Path(state_dir) / TOKEN_FILE_NAME)

@@ -75,7 +75,10 @@ def find_endpoint(args: argparse.Namespace, environ: Mapping[str, str]) -> Endpo
         if pid is not None and not status.pid_alive(pid):
             raise ClientError(f"vllm-guard is not running (pid {pid} from "
                               f"{cfg.state_dir}/{status.ENDPOINT_FILE} is gone)")
-        host, port = data.get("status_host") or host, data["status_port"]
+        if not isinstance(data.get("status_port"), int) and getattr(args, "status_port", None) is None:
+            raise ClientError(f"vllm-guard (pid {pid}) has no status endpoint "
+                              f"(still starting, or status.port = 0)")
+        host, port = data.get("status_host") or host, data.get("status_port", port)
         token_file = getattr(args, "token_file", None) or data.get("token_file") or token_file
     if getattr(args, "status_host", None):
         host = args.status_host

@@ -327,14 +327,16 @@ def write_endpoint_file(state_dir: str, *, pid: int, status_host: str, status_po
 
 
 def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
-    """The endpoint file's contents, or None when absent or unreadable."""
+    """The endpoint file's contents, or None when absent or unreadable.
+
+    ``status_port`` may be missing: the guard writes the file when it takes the state dir and
+    adds the endpoint once it listens (never, with ``status.port = 0``).
+    """
     try:
         data = json.loads((Path(state_dir) / ENDPOINT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("status_port"), int):
-        return None
-    return data
+    return data if isinstance(data, dict) else None
 
 
 def remove_endpoint_file(state_dir: str, pid: int | None = None) -> None:

@@ -228,3 +228,21 @@ def test_render_human_tolerates_a_sparse_snapshot():
     text = cli_client.render_human({"state": "planning"})
     assert text.splitlines()[0] == "state      planning"
     assert "flags      as asked" in text and "probe      none yet" in text
+
+
+def test_guard_without_an_endpoint_yet(tmp_path):
+    (tmp_path / "guard.json").write_text(json.dumps({"pid": os.getpid(), "started": 1.0}))
+    code, _, err = run("status", "--state-dir", str(tmp_path))
+    assert code == 1 and f"vllm-guard (pid {os.getpid()}) has no status endpoint" in err
+
+
+def test_group_readable_token_file_is_used_with_a_warning(tmp_path):
+    from structlog.testing import capture_logs
+
+    f = tmp_path / "tok"
+    f.write_text("tok-abcdef\n")
+    f.chmod(0o644)
+    with capture_logs() as logs:
+        assert auth.resolve_token(str(tmp_path), str(f), {})[0] == "tok-abcdef"
+    assert [e["event"] for e in logs] == ["token file is readable by other users; chmod 600 it"]
+

@@ -249,17 +249,24 @@ def test_small_body_is_read_and_ignored(client, guard):
     assert guard.commands == [("stop", {})]
 
 
-def test_slow_client_does_not_block_others_and_is_dropped(server, client):
-    slow = socket.create_connection(("127.0.0.1", server.port))
-    slow.sendall(b"GET /status HTTP/1.1\r\n")          # ...and never finishes
+def test_slow_client_does_not_block_others_and_is_dropped(guard):
+    srv = StatusServer("127.0.0.1", 0, TOKEN, lambda: guard.snap, guard.command, Metrics(), bool,
+                       request_timeout=3.0)
+    srv.start()
+    slow = socket.create_connection(("127.0.0.1", srv.port))
     try:
-        t0 = time.monotonic()
-        assert client.get("/healthz").status_code == 200  # served while the slow one waits
-        assert time.monotonic() - t0 < 0.9
-        slow.settimeout(5.0)
-        assert slow.recv(1024) == b""                      # closed at request_timeout (1 s)
+        slow.sendall(b"GET /status HTTP/1.1\r\n")      # ...and never finishes
+        with httpx.Client(base_url=srv.url, timeout=5.0) as c:
+            assert c.get("/healthz").status_code == 200  # served while the slow one waits
+            assert c.get("/status").status_code == 200
+        slow.setblocking(False)
+        with pytest.raises(BlockingIOError):              # the slow one is still open, unanswered
+            slow.recv(1)
+        slow.settimeout(10.0)
+        assert slow.recv(1024) == b""                      # and closed at request_timeout
     finally:
         slow.close()
+        srv.stop()
 
 
 def test_trickling_client_hits_the_request_deadline(server):

@@ -297,6 +297,29 @@ def test_trickling_client_hits_the_request_deadline(server):
     assert closed and time.monotonic() - t0 < 6          # deadline is 3 x request_timeout
 
 
+def test_connections_over_the_cap_are_closed_and_service_resumes(guard):
+    srv = StatusServer("127.0.0.1", 0, TOKEN, lambda: guard.snap, guard.command, Metrics(), bool,
+                       request_timeout=1.0, max_connections=2)
+    srv.start()
+    hogs = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(2)]
+    try:
+        for h in hogs:
+            h.sendall(b"GET /status HTTP/1.1\r\n")
+        deadline = time.monotonic() + 5
+        while srv._slots._value and time.monotonic() < deadline:  # both accepted and holding a slot
+            time.sleep(0.01)
+        assert raw(srv, b"GET /healthz HTTP/1.1\r\n\r\n") == b""     # refused: closed at once
+        for h in hogs:
+            h.settimeout(10)
+            assert h.recv(1) == b""                                    # dropped at their timeout
+        with httpx.Client(base_url=srv.url, timeout=5.0) as c:
+            assert c.get("/healthz").status_code == 200
+    finally:
+        for h in hogs:
+            h.close()
+        srv.stop()
+
+
 def test_many_parallel_clients(server):
     codes: list[int] = []
     lock = threading.Lock()

@@ -1,0 +1,498 @@
+"""The fake vLLM as a real executable: its output, exit codes, processes and HTTP, per scenario.
+
+Every test launches ``tests/fakes/fake_vllm.py`` as a subprocess (in its own session, killed as a
+group afterwards so orphaned fake engines never outlive a test) and waits on its printed lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.fakes import emulator
+
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_vllm.py"
+QWEN_7B = {"weights_gib": 14.25, "kv_bytes_per_token": 57344, "num_kv_heads": 4, "derived_max_model_len": 32768,
+           "vocab": 152064, "hidden": 3584, "intermediate": 18944}
+LLAMA_8B = {"weights_gib": 14.99, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
+            "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fake:
+    """One fake vLLM launch with both pipes read into line lists."""
+
+    def __init__(self, args: list[str], scenario: dict | None = None, *, cwd: str | None = None,
+                 env: dict | None = None, serve: bool = True):
+        self.port = free_port()
+        scenario = {"speed": 0.01, **(scenario or {})}
+        e = dict(os.environ, FAKE_VLLM_SCENARIO=json.dumps(scenario), **(env or {}))
+        head = ["serve"] if serve else []
+        port = [] if "--port" in args else ["--port", str(self.port)]
+        self.argv = [sys.executable, str(FAKE), *head, *args, "--host", "127.0.0.1", *port]
+        self.lines: dict[str, list[str]] = {"out": [], "err": []}
+        self.cond = threading.Condition()
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e,
+                                     cwd=cwd, start_new_session=True)
+        self.pgid = self.proc.pid
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stdout, "out"), daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stderr, "err"), daemon=True)]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, pipe, name):
+        for raw in iter(pipe.readline, b""):
+            with self.cond:
+                self.lines[name].append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.lines[name + "_eof"] = []
+            self.cond.notify_all()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def text(self, stream: str = "out") -> str:
+        with self.cond:
+            return "\n".join(self.lines[stream])
+
+    def wait_for(self, needle: str, stream: str = "err", timeout: float = 20) -> str:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: any(needle in ln for ln in self.lines[stream])
+                                    or f"{stream}_eof" in self.lines, timeout)
+            hit = [ln for ln in self.lines[stream] if needle in ln]
+        assert ok and hit, f"{needle!r} not on {stream}:\n{self.text('out')}\n---\n{self.text('err')}"
+        return hit[0]
+
+    def wait(self, timeout: float = 20) -> int:
+        rc = self.proc.wait(timeout)
+        for t in self.readers:
+            t.join(5)
+        return rc
+
+    def engine(self) -> psutil.Process:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for child in psutil.Process(self.proc.pid).children():
+                if child.name() == "VLLM::EngineCore":
+                    return child
+            time.sleep(0.02)
+        raise AssertionError("no VLLM::EngineCore child")
+
+    def group(self) -> list[psutil.Process]:
+        out = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+        return out
+
+    def kill(self):
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture
+def launch():
+    started: list[Fake] = []
+
+    def start(*args, **kw) -> Fake:
+        fake = Fake(list(args), **kw)
+        started.append(fake)
+        return fake
+
+    yield start
+    for fake in started:
+        fake.kill()
+
+
+def chat(fake: Fake, model: str, **extra) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 1, **extra}
+    return httpx.post(fake.url + "/v1/chat/completions", json=body, timeout=5, headers=extra.pop("headers", None))
+
+
+# ---------------------------------------------------------------------------- healthy
+
+
+def test_healthy_launch_serves_a_real_chat_completion(launch):
+    fake = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192", scenario={"model": QWEN_7B})
+    fake.wait_for("Application startup complete.")
+    out = fake.text()
+    want = emulator.simulate(emulator.ModelSpec("q", **QWEN_7B), emulator.GpuSpec(23.55), "0.32.0",
+                             {"--max-model-len": "8192"}).numbers
+    for milestone in ("version 0.32.0", "Using max model len 8192", "Initializing a V1 LLM engine (v0.32.0)",
+                      "Starting to load model Qwen/Qwen2.5-7B-Instruct...", "Model loading took 14.25 GiB memory",
+                      f"Available KV cache memory: {round(want['kv_available_gib'], 2)} GiB",
+                      f"GPU KV cache size: {want['kv_tokens']:,} tokens, Maximum concurrency for 8,192 tokens",
+                      "Graph capturing finished",
+                      "init engine (profile, create kv cache, warmup model) took",
+                      f"Starting vLLM server on http://127.0.0.1:{fake.port}"):
+        assert milestone in out, milestone
+    assert out.index("Using max model len") < out.index("Initializing a V1") < out.index("Starting vLLM server")
+    api, engine = os.getpid(), fake.engine().pid
+    assert f"(APIServer pid={fake.proc.pid}) INFO " in out and f"(EngineCore pid={engine}) INFO " in out
+    assert api != engine
+    assert "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)" in fake.text("err")
+
+    resp = chat(fake, "Qwen/Qwen2.5-7B-Instruct", max_tokens=3)
+    assert resp.status_code == 200
+    data = resp.json()
+    assert data["object"] == "chat.completion" and len(data["choices"]) == 1
+    assert data["choices"][0]["message"]["role"] == "assistant"
+    assert data["usage"]["completion_tokens"] == 3 and data["choices"][0]["finish_reason"] == "length"
+    assert httpx.get(fake.url + "/health").status_code == 200
+    assert httpx.get(fake.url + "/version").json() == {"version": "0.32.0"}
+    models = httpx.get(fake.url + "/v1/models").json()["data"]
+    assert models[0]["id"] == "Qwen/Qwen2.5-7B-Instruct" and models[0]["max_model_len"] == 8192
+    wrong = chat(fake, "other")
+    assert wrong.status_code == 404 and wrong.json()["error"]["type"] == "NotFoundError"
+    too_long = chat(fake, "Qwen/Qwen2.5-7B-Instruct", max_tokens=9000)
+    assert too_long.status_code == 400
+    completion = httpx.post(fake.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+    assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+    fake.wait_for('"POST /v1/chat/completions HTTP/1.1" 200 OK', stream="out")   # uvicorn access log
+
+    fake.proc.send_signal(signal.SIGTERM)
+    assert fake.wait() == 0
+    assert "INFO:     Shutting down" in fake.text("err")
+    assert "Application shutdown complete." in fake.text("err")
+    assert not fake.group(), "the engine must end with a graceful shutdown"
+
+
+def test_port_refuses_connections_until_ready(launch):
+    fake = launch("m", "--max-model-len", "4096", scenario={"speed": 0.4})
+    fake.wait_for("Starting to load model", stream="out")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(fake.url + "/health", timeout=2)
+    fake.wait_for("Application startup complete.")
+    assert httpx.get(fake.url + "/health").status_code == 200
+
+
+def test_served_model_name_and_api_key(launch):
+    fake = launch("org/model", "--max-model-len", "4096", "--served-model-name", "alias", "--api-key", "s3cret")
+    fake.wait_for("Application startup complete.")
+    assert httpx.get(fake.url + "/v1/models").status_code == 401
+    assert httpx.get(fake.url + "/v1/models").json() == {"error": "Unauthorized"}
+    auth = {"Authorization": "Bearer s3cret"}
+    assert httpx.get(fake.url + "/v1/models", headers=auth).json()["data"][0]["id"] == "alias"
+    assert httpx.get(fake.url + "/health").status_code == 200      # not guarded, like vLLM
+    ok = httpx.post(fake.url + "/v1/chat/completions", headers=auth,
+                    json={"model": "alias", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert ok.status_code == 200
+
+
+def test_api_server_style_invocation_and_any_cwd(launch, tmp_path):
+    fake = launch("--model", "m", "--max-model-len", "4096", serve=False, cwd=str(tmp_path))
+    fake.wait_for("Application startup complete.")
+    assert f"non-default args: {{'host': '127.0.0.1', 'port': {fake.port}, 'model': 'm', " in fake.text()
+    assert chat(fake, "m").status_code == 200
+
+
+def test_no_chat_template_and_pooling_models(launch):
+    fake = launch("base-model", "--max-model-len", "4096", scenario={"no_chat_template": True})
+    fake.wait_for("Application startup complete.")
+    resp = chat(fake, "base-model")
+    assert resp.status_code == 400 and "chat template" in resp.json()["error"]["message"]
+    assert httpx.post(fake.url + "/v1/completions", json={"model": "base-model", "prompt": "x"}).status_code == 200
+
+    emb = launch("BAAI/bge-m3", "--max-model-len", "4096", scenario={"pooling": True})
+    emb.wait_for("Application startup complete.")
+    resp = chat(emb, "BAAI/bge-m3")
+    assert resp.status_code == 501 and "does not support Chat Completions API" in resp.json()["error"]["message"]
+    vec = httpx.post(emb.url + "/v1/embeddings", json={"model": "BAAI/bge-m3", "input": "hello"})
+    assert vec.status_code == 200 and vec.json()["data"][0]["object"] == "embedding"
+
+
+# ---------------------------------------------------------------------------- failures, per kind
+
+
+def test_kv_cache_insufficient_current(launch):
+    fake = launch("meta-llama/Llama-3.1-8B-Instruct", scenario={"model": LLAMA_8B})
+    assert fake.wait() == 1
+    out, err = fake.text(), fake.text("err")
+    assert "Using max model len 131072" in out
+    assert "ERROR" in out and "[core.py:1510] EngineCore failed to start.\r" in out
+    assert "the estimated maximum model length is 4" in out            # ~42K at 0.92 with graphs budgeted
+    assert "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache" in out
+    err_lines = err.splitlines()
+    assert "Process EngineCore:" in err_lines
+    assert err_lines[-1] == ("RuntimeError: Engine core initialization failed. See root cause above. "
+                             "Failed core proc(s): {}")
+    # every traceback line of the logger block carries the record prefix (research §1.1)
+    block = [ln for ln in out.splitlines() if "[core.py:1510]" in ln]
+    assert len(block) > 10 and all(ln.startswith("(EngineCore pid=") for ln in block)
+
+
+def test_no_kv_cache_memory(launch):
+    fake = launch("Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", "0.6", scenario={"model": QWEN_7B})
+    assert fake.wait() == 1
+    out = fake.text()
+    assert "Available KV cache memory: -" in out
+    assert "ValueError: No available memory for the cache blocks." in out
+
+
+def test_insufficient_free_memory(launch):
+    fake = launch("Qwen/Qwen2.5-7B-Instruct", scenario={"model": QWEN_7B, "gpu": {"other_used_gib": 4.0}})
+    assert fake.wait() == 1
+    out = fake.text()
+    assert "Free memory on device cuda:0 (19.15/23.55 GiB) on startup is less than desired GPU memory " \
+           "utilization (0.92, 21.67 GiB)." in out
+    assert "Starting to load model" not in out
+
+
+def test_oom_while_loading_weights(launch):
+    big = {**QWEN_7B, "weights_gib": 61.03}
+    fake = launch("Qwen/Qwen2.5-32B-Instruct", "--max-model-len", "4096", scenario={"model": big})
+    assert fake.wait() == 1
+    out = fake.text()
+    assert "Failed to load model - not enough GPU memory." in out
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in out
+    assert "Model loading took" not in out
+
+
+def test_oom_in_the_profile_run_names_the_sampler(launch):
+    fake = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192", "--max-num-seqs", "8192",
+                  "--max-num-batched-tokens", "8192", scenario={"model": QWEN_7B})
+    assert fake.wait() == 1
+    out = fake.text()
+    assert "CUDA out of memory occurred when warming up sampler with 8192 dummy requests." in out
+    assert "Model loading took" in out and "Available KV cache memory" not in out
+
+
+def test_oom_during_cuda_graph_capture_before_0_20(launch):
+    scenario = {"model": QWEN_7B, "version": "0.18.0"}
+    fake = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192", "--gpu-memory-utilization", "0.97",
+                  scenario=scenario)
+    assert fake.wait() == 1
+    out, err = fake.text(), fake.text("err")
+    assert "GPU KV cache size" in out and "Graph capturing finished" not in out
+    assert "Capturing CUDA graphs (decode, FULL):  33%" in err
+    assert "allocated in private pools (e.g., CUDA Graphs)" in out
+    assert "Starting vLLM API server 0 on" not in out
+    healed = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192", "--gpu-memory-utilization", "0.97",
+                    "--enforce-eager", scenario=scenario)
+    healed.wait_for("Application startup complete.")
+    assert f"Starting vLLM server on http://127.0.0.1:{healed.port}" in healed.text()
+
+
+def test_max_len_exceeds_model_fails_in_the_api_server(launch):
+    fake = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "65536", scenario={"model": QWEN_7B})
+    assert fake.wait() == 1
+    err = fake.text("err")
+    assert "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig" in err
+    assert "Value error, User-specified max_model_len (65536) is greater than the derived max_model_len " \
+           "(max_position_embeddings=32768.0 or model_max_length=None in model's config.json)." in err
+    assert "Initializing a V1 LLM engine" not in fake.text()
+
+
+def test_unrecognized_flag_is_an_argparse_error(launch):
+    fake = launch("m", "--no-such-flag", "3")
+    assert fake.wait() == 2
+    err = fake.text("err").splitlines()
+    assert err[0].startswith("usage: vllm serve [model_tag] [options]")
+    assert err[-1] == "vllm: error: unrecognized arguments: --no-such-flag 3"
+    removed = launch("m", "--swap-space", "4")           # removed in 0.18.0
+    assert removed.wait() == 2
+    assert "unrecognized arguments: --swap-space 4" in removed.text("err")
+    assert launch("m", "--kv-cache-dtype", "fp9").wait() == 2
+
+
+def test_fp8_kv_refused_on_ampere(launch):
+    fake = launch("m", "--kv-cache-dtype", "fp8", "--max-model-len", "4096", scenario={"gpu": {"cc": [8, 6]}})
+    assert fake.wait() == 1
+    assert "No valid attention backend found for cuda" in fake.text()
+
+
+def test_port_already_in_use(launch):
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        fake = launch("m", "--port", str(port))
+        assert fake.wait() == 1
+    err = fake.text("err").splitlines()
+    assert err[-1] == "OSError: [Errno 98] Address already in use"
+    assert any("sock.bind(addr)" in ln for ln in err)
+
+
+@pytest.mark.parametrize("version, needle", [
+    ("0.6.3", "is larger than the maximum number of tokens that can be stored in KV cache (41584)"),
+    ("0.8.4", "GiB). Based on the available memory,  Try increasing"),
+    ("0.10.2", "the estimated maximum model length is 41584."),
+])
+def test_kv_messages_follow_the_version(launch, version, needle):
+    fake = launch("meta-llama/Llama-3.1-8B-Instruct", scenario={"model": LLAMA_8B, "version": version})
+    rc = fake.wait()
+    assert needle in fake.text() + fake.text("err")
+    if version == "0.10.2":
+        assert rc == 1 and "models's max seq len" in fake.text()
+        assert "\x1b[1;36m(EngineCore_DP0 pid=" in fake.text()          # coloured prefix, even when piped
+        assert fake.text("err").splitlines()[-1].endswith("Failed core proc(s): {}")
+    if version == "0.6.3":
+        assert rc == 1 and "# GPU blocks:" in fake.text() and "(EngineCore" not in fake.text()
+
+
+def test_0_7_v1_engine_failure_sigkills_the_api_server(launch):
+    fake = launch("meta-llama/Llama-3.1-8B-Instruct",
+                  scenario={"model": LLAMA_8B, "version": "0.8.2", "fork_engine": True})
+    assert fake.wait() == -signal.SIGKILL
+    assert "Got fatal signal from worker processes, shutting down." in fake.text()
+    assert "EngineCore hit an exception: Traceback" in fake.text()
+
+
+# ---------------------------------------------------------------------------- replay until healed
+
+
+def test_replay_until_the_right_flag_arrives(launch, tmp_path):
+    log = tmp_path / "real.log"
+    log.write_bytes(
+        b"(APIServer pid=11) INFO 11-29 16:30:48 [model.py:2152] Using max model len 131072\n"
+        b"(EngineCore pid=12) ERROR 11-29 16:31:03 [core.py:1510] EngineCore failed to start.\r\n"
+        b"Process EngineCore:\n"
+        b"RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    scenario = {"replay": str(log), "heal_when": {"max_model_len_le": 5632}}
+    first = launch("m", scenario=scenario)
+    assert first.wait() == 1
+    assert first.text().split("\n") == ["(APIServer pid=11) INFO 11-29 16:30:48 [model.py:2152] Using max model "
+                                         "len 131072", "(EngineCore pid=12) ERROR 11-29 16:31:03 [core.py:1510] "
+                                         "EngineCore failed to start.\r"]
+    assert first.text("err").splitlines()[0] == "Process EngineCore:"
+    still = launch("m", "--max-model-len", "8192", scenario=scenario)
+    assert still.wait() == 1 and "Using max model len 131072" in still.text()
+    healed = launch("m", "--max-model-len", "5632", scenario=scenario)
+    healed.wait_for("Application startup complete.")
+    assert "Using max model len 5632" in healed.text()
+
+
+# ---------------------------------------------------------------------------- runtime behaviour
+
+
+def test_engine_death_exits_zero_and_counts_deaths(launch, tmp_path):
+    scenario = {"engine_death_after": 0.3, "death_count": 1}
+    env = {"FAKE_VLLM_STATE": str(tmp_path)}
+    fake = launch("m", "--max-model-len", "4096", scenario=scenario, env=env)
+    fake.wait_for("Application startup complete.")
+    fake.wait_for("EngineDeadError", stream="out")
+    assert fake.wait() == 0
+    out = fake.text()
+    assert "EngineCore encountered a fatal error." in out
+    assert "an illegal memory access was encountered" in out
+    assert "AsyncLLM output_handler failed." in out
+    assert "INFO:     Shutting down" in fake.text("err")
+    assert (tmp_path / "deaths").read_text() == "1"
+
+    survivor = launch("m", "--max-model-len", "4096", scenario=scenario, env=env)   # death_count reached
+    survivor.wait_for("Application startup complete.")
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert httpx.get(survivor.url + "/health").status_code == 200
+        time.sleep(0.1)
+    assert survivor.proc.poll() is None
+    assert len((tmp_path / "launches.jsonl").read_text().splitlines()) == 2
+
+
+def test_killing_the_engine_makes_the_api_server_exit_zero(launch):
+    fake = launch("m", "--max-model-len", "4096")
+    fake.wait_for("Application startup complete.")
+    engine = fake.engine()
+    assert engine.name() == "VLLM::EngineCore"                        # comm + cmdline, like setproctitle
+    assert open(f"/proc/{engine.pid}/comm").read().strip() == "VLLM::EngineCor"
+    assert os.getpgid(engine.pid) == fake.pgid                       # same process group, like vLLM
+    engine.kill()
+    fake.wait_for("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup", stream="out")
+    statuses = set()
+    while fake.proc.poll() is None:
+        try:
+            statuses.add(httpx.get(fake.url + "/health", timeout=1).status_code)
+        except httpx.HTTPError:
+            break
+    assert fake.wait() == 0
+    assert statuses <= {503} and 200 not in statuses
+
+
+def test_api_server_sigkill_leaves_the_engine_orphaned(launch):
+    fake = launch("m", "--max-model-len", "4096")
+    fake.wait_for("Application startup complete.")
+    engine = fake.engine()
+    fake.proc.kill()
+    assert fake.wait() == -signal.SIGKILL
+    time.sleep(0.3)                       # give a dying engine the chance to go (it must not)
+    assert engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE
+    assert engine.ppid() != fake.proc.pid
+
+
+def test_engine_can_be_made_to_die_with_its_parent(launch):
+    fake = launch("m", "--max-model-len", "4096", scenario={"engine_survives_parent": False})
+    fake.wait_for("Application startup complete.")
+    engine = fake.engine()
+    fake.proc.kill()
+    fake.wait()
+    engine.wait(5)
+    assert not engine.is_running()
+
+
+def test_ignore_sigterm_needs_sigkill(launch):
+    fake = launch("m", "--max-model-len", "4096", scenario={"ignore_sigterm": True})
+    fake.wait_for("Application startup complete.")
+    fake.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        fake.proc.wait(0.5)
+    assert httpx.get(fake.url + "/health").status_code == 200
+    fake.proc.kill()
+    assert fake.wait() == -signal.SIGKILL
+
+
+def test_sigterm_during_startup_is_a_keyboard_interrupt(launch):
+    fake = launch("m", "--max-model-len", "4096", scenario={"speed": 0.5})
+    fake.wait_for("Starting to load model", stream="out")
+    fake.proc.send_signal(signal.SIGTERM)
+    assert fake.wait() == -signal.SIGINT
+    assert fake.text("err").splitlines()[-1] == "KeyboardInterrupt: terminated"
+    assert not fake.group()
+
+
+def test_hang_after_accepts_but_never_answers(launch):
+    fake = launch("m", "--max-model-len", "4096", scenario={"hang_after": 0.2})
+    fake.wait_for("Application startup complete.")
+    time.sleep(0.3)                       # past hang_after (a scenario timer, not a race)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(fake.url + "/health", timeout=0.5)
+    assert fake.proc.poll() is None
+
+
+def test_silent_hang_at_start_never_serves(launch):
+    fake = launch("m", "--max-model-len", "4096", scenario={"silent_hang_at_start": True})
+    fake.wait_for("Starting to load model", stream="out")
+    count = len(fake.text().splitlines())
+    time.sleep(0.5)
+    assert len(fake.text().splitlines()) == count and fake.proc.poll() is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(fake.url + "/health", timeout=1)

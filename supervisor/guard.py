@@ -26,7 +26,7 @@ from supervisor.launch import DIED, RESET, RESTART, STOPPED, LaunchHooks, Launch
 from supervisor.lifecycle import Lifecycle, State
 from supervisor.model import Diagnosis, Kind
 from supervisor.remedy import EX_CONFIG, EX_TEMPFAIL, Context, GiveUp, Relaunch, decide
-from supervisor import startup
+from supervisor import sdnotify, startup
 
 log = structlog.get_logger("vllm-guard")
 
@@ -113,6 +113,15 @@ class Guard:
         if self._control is not None:
             self._control.put_nowait((cmd, args))
 
+    async def _watchdog(self) -> None:
+        """WATCHDOG=1 from the loop itself: a wedged loop stops pinging and systemd restarts us."""
+        while True:
+            notifier = self.notifier
+            interval = notifier.watchdog_interval() if notifier is not None else None
+            if interval:
+                notifier.watchdog()
+            await asyncio.sleep(interval or 1.0)
+
     def _on_signal(self, signum: int) -> None:
         self._command("stop", {"signal": signum})
 
@@ -122,6 +131,7 @@ class Guard:
         self._control = asyncio.Queue()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._on_signal, sig)
+        watchdog = asyncio.ensure_future(self._watchdog())
         try:
             await startup.prepare(self)
             code = await self._supervise()
@@ -135,6 +145,7 @@ class Guard:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.remove_signal_handler(sig)
         self.exit_code = code
+        watchdog.cancel()
         await startup.shutdown(self)
         return code
 
@@ -280,7 +291,7 @@ class Guard:
             cmd, args = self._control.get_nowait()
             if cmd == "stop":
                 return self._finish(record, LaunchResult(STOPPED, Diagnosis(Kind.HEALTHY)))
-        env = procs.child_env(self.environ, self.state_dir, n)
+        env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
         prober = Prober(self.host, self.port, self.served_model(),
                         api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"),
                         timeout=self.cfg.health.timeout)
@@ -362,8 +373,6 @@ class Guard:
         self.last_probe, self.last_probe_at = r, time.time()
         if self.metrics is not None and not r.refused:
             self.metrics.probe(r.ok, r.latency)
-        if self.notifier is not None:
-            self.notifier.watchdog()
 
     def _on_unhealthy(self, why: str) -> None:
         self._to(State.UNHEALTHY, why)

@@ -117,9 +117,8 @@ def _start_status(g: "Guard") -> None:
     cfg = g.cfg
     g.metrics = Metrics()
     g.notifier = Notifier(g.environ)
-    if not cfg.status.port and cfg.status.port != 0:
-        return
-    if cfg.status.port < 0:
+    if cfg.status.port <= 0:          # 0 disables the status endpoint
+        log.info("status endpoint disabled (status.port = 0)")
         return
     from supervisor.status import StatusServer, StatusServerError
 

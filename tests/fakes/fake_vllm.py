@@ -180,8 +180,7 @@ def build_parser(version: str, serve: bool) -> _Parser:
     human = hint("human_readable_int" if v >= (0, 8, 4) else "int")
     human.__name__ = "human_readable_int" if v >= (0, 8, 4) else "int"
     kv_choices = [d for first, d in emu.KV_DTYPES_BY_VERSION if v >= first]
-    if serve:
-        p.add_argument("model_tag", nargs="?")
+    p.add_argument("model_tag", nargs="?")   # api_server.py has it too: `--foo 3` eats the 3
     for flag in _ALWAYS_VALUE:
         if not _present(flag, v):
             continue
@@ -241,7 +240,8 @@ class Launch:
             sys.stderr.write(f"{prog}: error: unrecognized arguments: {' '.join(extra)}\n")
             raise SystemExit(2)
         d = {k: v for k, v in vars(ns).items() if v is not None}
-        model = d.pop("model_tag", None) or d.get("--model") or "facebook/opt-125m"
+        tag = d.pop("model_tag", None)
+        model = (tag if self.serve else None) or d.get("--model") or tag or "facebook/opt-125m"
         self.model = model
         self.flags: dict[str, str] = {}
         self.order: list[tuple[str, object]] = []
@@ -674,7 +674,11 @@ class Engine:
         if out.kind == "insufficient_free_memory":
             return self.fail(out)
         log.info(f"{runner}:4481", f"Starting to load model {self.spec['model']}...")
-        self.pause(2)
+        self.pause()
+        log.raw("\rLoading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]", fd=2)
+        self.pause()
+        if out.kind not in ("oom_weights", "config_error"):
+            log.raw("\rLoading safetensors checkpoint shards: 100% Completed | 4/4 [00:02<00:00,  1.91it/s]\n", fd=2)
         if out.kind in ("oom_weights",) or (out.kind == "config_error" and out.phase == "loading"):
             if out.kind == "oom_weights" and v >= (0, 13, 0):
                 log.error(f"{runner}:4530", "Failed to load model - not enough GPU memory. Try lowering "
@@ -862,6 +866,8 @@ def engine_child_main() -> None:
     def on_term(signum, frame):
         if sc.v >= (0, 30, 0):
             log.info("core.py:1454", "[shutdown] EngineCore: trigger received signal=SIGTERM")
+            log.info("core.py:1635", "[shutdown] EngineCore: start mode=abort timeout=0s")
+            log.info("core.py:1666", "[shutdown] EngineCore: request processing complete; starting resource teardown")
             log.info("core.py:1499", "[shutdown] EngineCore: exiting busy loop")
         stop.set()
         os._exit(0)
@@ -1147,9 +1153,13 @@ class Api:
         v, log = self.v, self.log
         if self.gen == "v1" and v < (0, 10, 1) and self.engine.returncode == -signal.SIGKILL:
             return  # hard-killed engine: the API server hangs looking healthy
-        if v >= (0, 30, 0):
+        if v >= (0, 30, 0):   # the real 0.32 sequence after kill -9 of VLLM::EngineCore
             log.info("utils.py:628", "[shutdown] Process manager: send sigterm to process EngineCore")
             log.warning("core_client.py:817", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+            log.info("core_client.py:770", "[shutdown] MPClient: start timeout=default")
+            log.info("core_client.py:772", "[shutdown] MPClient: stopping engine manager")
+            log.info("core_client.py:774", "[shutdown] MPClient: engine manager stopped")
+            log.info("core_client.py:775", "[shutdown] MPClient: cleaning up background resources")
             log.info("core_client.py:777", "[shutdown] MPClient: complete")
         elif (0, 10, 1) <= v < (0, 20, 0):
             log.error("core_client.py:564", f"Engine core proc {engine_mp_name(v, self.gen)} died unexpectedly, "
@@ -1167,22 +1177,32 @@ class Api:
         self.stopping.set()
 
     def shutdown(self, graceful_engine: bool) -> None:
-        """uvicorn's shutdown and the engine's end; the caller exits 0."""
+        """uvicorn's shutdown and the engine's end (the real 0.32 SIGTERM sequence); the caller exits 0."""
         v, log = self.v, self.log
-        if graceful_engine and v >= (0, 30, 0):
+        new = v >= (0, 30, 0)
+        if graceful_engine and new:
             log.info("launcher.py:254", "[shutdown] API server: shutdown triggered")
+            log.info("launcher.py:270", "[shutdown] API server: stopping engine client mode=abort timeout=0s")
+            log.info("core_client.py:770", "[shutdown] MPClient: start timeout=0s")
+            log.info("core_client.py:772", "[shutdown] MPClient: stopping engine manager")
             log.info("utils.py:628", "[shutdown] Process manager: send sigterm to process EngineCore")
         if self.engine and self.engine.poll() is None:
             self.engine.terminate()
             try:
                 self.engine.wait(2)
             except subprocess.TimeoutExpired:
-                if v >= (0, 30, 0):
+                if new:
+                    log.warning("utils.py:648", "[shutdown] Process manager: force killing remaining processes count=1")
                     log.warning("utils.py:653", "[shutdown] Process manager: force killing remaining process "
                                 f"EngineCore pid {self.engine.pid}")
                 self.engine.kill()
                 self.engine.wait()
-        if graceful_engine and v >= (0, 30, 0):
+        if graceful_engine and new:
+            log.info("core_client.py:774", "[shutdown] MPClient: engine manager stopped")
+            log.info("core_client.py:775", "[shutdown] MPClient: cleaning up background resources")
+            log.info("core_client.py:777", "[shutdown] MPClient: complete")
+            log.info("launcher.py:279", "[shutdown] API server: engine client stopped")
+            log.info("launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown")
             log.info("launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server")
         self.uvicorn("Shutting down")
         if self.httpd:
@@ -1190,7 +1210,7 @@ class Api:
             self.httpd.server_close()
         self.uvicorn("Waiting for application shutdown.")
         self.uvicorn("Application shutdown complete.")
-        if v < (0, 30, 0):
+        if not (graceful_engine and new):   # 0.32 prints it after an engine death, not after SIGTERM
             self.uvicorn(f"Finished server process [{os.getpid()}]")
 
     def run(self) -> int:

@@ -182,7 +182,11 @@ def test_healthy_launch_serves_a_real_chat_completion(launch):
     fake.proc.send_signal(signal.SIGTERM)
     assert fake.wait() == 0
     assert "INFO:     Shutting down" in fake.text("err")
-    assert "Application shutdown complete." in fake.text("err")
+    assert fake.text("err").splitlines()[-1] == "INFO:     Application shutdown complete."
+    out = fake.text()
+    assert out.index("[shutdown] API server: shutdown triggered") \
+        < out.index("[shutdown] EngineCore: trigger received signal=SIGTERM") \
+        < out.index("[shutdown] API server: shutting down FastAPI HTTP server")
     assert not fake.group(), "the engine must end with a graceful shutdown"
 
 
@@ -322,6 +326,9 @@ def test_unrecognized_flag_is_an_argparse_error(launch):
     assert removed.wait() == 2
     assert "unrecognized arguments: --swap-space 4" in removed.text("err")
     assert launch("m", "--kv-cache-dtype", "fp9").wait() == 2
+    api_style = launch("--model", "m", "--no-such-flag", "3", serve=False)   # the 3 becomes model_tag
+    assert api_style.wait() == 2
+    assert api_style.text("err").splitlines()[-1] == "api_server.py: error: unrecognized arguments: --no-such-flag"
 
 
 def test_fp8_kv_refused_on_ampere(launch):
@@ -407,6 +414,7 @@ def test_engine_death_exits_zero_and_counts_deaths(launch, tmp_path):
     assert "an illegal memory access was encountered" in out
     assert "AsyncLLM output_handler failed." in out
     assert "INFO:     Shutting down" in fake.text("err")
+    assert fake.text("err").splitlines()[-1] == f"INFO:     Finished server process [{fake.proc.pid}]"
     assert (tmp_path / "deaths").read_text() == "1"
 
     survivor = launch("m", "--max-model-len", "4096", scenario=scenario, env=env)   # death_count reached

@@ -1,0 +1,259 @@
+"""The Dockerfile, checked offline: base image, the guard's own venv, entrypoint, volume, ports, healthcheck.
+
+No Docker engine runs here, so the instructions are parsed (dockerfile-parse) and what they
+promise is checked against the real code: the ENTRYPOINT plus `docker run` arguments go through
+the real `vllm-guard start` parser and config resolution, and the HEALTHCHECK command is run
+against a real status endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+
+from supervisor import auth, config
+from supervisor.metrics import Metrics
+from supervisor.status import StatusServer
+
+dockerfile_parse = pytest.importorskip("dockerfile_parse")
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+VENV = "/opt/vllm-guard"
+STATE_DIR = "/var/lib/vllm-guard"
+
+
+# -- reading the Dockerfile -----------------------------------------------------------------------
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, value) in order, comments dropped."""
+    parser = dockerfile_parse.DockerfileParser(path=str(DOCKERFILE))
+    return [(s["instruction"], s["value"]) for s in parser.structure if s["instruction"] != "COMMENT"]
+
+
+def values(name: str) -> list[str]:
+    return [v for i, v in instructions() if i == name]
+
+
+def only(name: str) -> str:
+    found = values(name)
+    assert len(found) == 1, f"expected one {name}, found {found}"
+    return found[0]
+
+
+def exec_form(name: str) -> list[str]:
+    """An instruction in JSON (exec) form as a list; fails on the shell form."""
+    text = only(name)
+    try:
+        argv = json.loads(text)
+    except json.JSONDecodeError:
+        pytest.fail(f"{name} is in shell form ({text!r}); use the JSON exec form")
+    assert isinstance(argv, list) and all(isinstance(a, str) for a in argv)
+    return argv
+
+
+def image_env() -> dict[str, str]:
+    return dict(dockerfile_parse.DockerfileParser(path=str(DOCKERFILE)).envs)
+
+
+def guard_argv_prefix() -> list[str]:
+    """The ENTRYPOINT after `vllm-guard start`: what `docker run IMAGE ARGS` prepends to ARGS."""
+    argv = exec_form("ENTRYPOINT")
+    assert "start" in argv
+    return argv[argv.index("start") + 1:]
+
+
+def start_parser() -> Callable[[list[str]], argparse.Namespace]:
+    """The real `vllm-guard start` parser: from the CLI when it imports, else the same options."""
+    try:
+        from supervisor.cli import build_parser
+
+        parser = build_parser()
+        return lambda argv: parser.parse_args(["start", *argv])
+    except ImportError:  # a subcommand module not landed yet: the start options alone
+        bare = argparse.ArgumentParser(prog="vllm-guard start")
+        config.add_start_arguments(bare)
+        return bare.parse_args
+
+
+def resolve(argv: list[str], environ: dict[str, str]) -> config.GuardConfig:
+    return config.resolve(start_parser()(argv), environ)
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    """The image's ENV, with HOME somewhere empty so no config file of this machine is read."""
+    env = image_env()
+    env.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    return env
+
+
+# -- the image --------------------------------------------------------------------------------------
+
+def test_base_image_is_a_pinned_vllm_openai_release() -> None:
+    steps = instructions()
+    names = [i for i, _ in steps]
+    assert names.count("FROM") == 1
+    arg_at = next(n for n, (i, v) in enumerate(steps) if i == "ARG" and v.startswith("VLLM_IMAGE="))
+    assert arg_at < names.index("FROM"), "ARG VLLM_IMAGE must come before FROM to be usable in it"
+    default = steps[arg_at][1].split("=", 1)[1].strip('"')
+    assert re.fullmatch(r"vllm/vllm-openai:v\d+\.\d+\.\d+", default), default
+    assert only("FROM") in ("${VLLM_IMAGE}", "$VLLM_IMAGE")
+    assert dockerfile_parse.DockerfileParser(path=str(DOCKERFILE)).baseimage == default
+
+
+def test_the_guard_is_installed_from_the_copied_repo_into_its_own_venv() -> None:
+    copies = [shlex.split(v) for v in values("COPY")]
+    sources = [c for c in copies if c[0] == "."]
+    assert len(sources) == 1, f"the repo is copied in once with `COPY . DIR`: {copies}"
+    src = sources[0][1]
+    runs = " ; ".join(values("RUN"))
+    assert f"python3 -m venv {VENV}" in runs
+    installs = re.findall(r"(\S*pip) install ([^&;]*)", runs)
+    assert installs, "no pip install"
+    for pip, rest in installs:
+        # Only the venv's pip: vLLM's python in the image stays exactly as built.
+        assert pip == f"{VENV}/bin/pip", f"{pip} install would touch the image's own python"
+        assert "--system" not in rest
+    assert any(src in shlex.split(rest) for _pip, rest in installs), f"nothing installs {src}"
+    assert exec_form("ENTRYPOINT")[2:4] == [f"{VENV}/bin/vllm-guard", "start"]
+
+
+def test_the_build_context_is_what_pip_builds_from(tmp_path: Path) -> None:
+    files = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file()]
+    sent = {f for f in files if not dockerignored(f)}
+    package = {f for f in files if f.startswith("supervisor/") and f.endswith(".py")}
+    assert package and package <= sent
+    assert {"pyproject.toml", "README.md"} <= sent  # pyproject names README.md as the readme
+    leaked = [f for f in sent if f.split("/")[0] in (".git", ".venv", "tests", "scripts")
+              or "__pycache__" in f]
+    assert not leaked, leaked[:5]
+
+
+def dockerignored(path: str) -> bool:
+    """Docker's .dockerignore rule: the last matching pattern wins; a match on a parent counts."""
+    ignored = False
+    for line in DOCKERIGNORE.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+        if pattern.startswith("**/"):
+            hit = any(fnmatch.fnmatchcase(p, pattern[3:]) for p in parts)
+        else:
+            hit = any(fnmatch.fnmatchcase(p, pattern) and p.count("/") == pattern.count("/") for p in prefixes)
+        if hit:
+            ignored = not negate
+    return ignored
+
+
+def test_entrypoint_is_tini_then_the_guard_in_exec_form() -> None:
+    entry = exec_form("ENTRYPOINT")
+    assert entry[:2] == ["/usr/bin/tini", "--"]  # PID 1 reaps orphans and forwards SIGTERM
+    assert "tini" in " ".join(values("RUN"))
+    # No default model: `docker run IMAGE` alone fails with exit 78 naming what is missing,
+    # and VLLM_GUARD_MODEL alone is enough.
+    assert exec_form("CMD") == []
+    assert only("STOPSIGNAL") == "SIGTERM"
+
+
+def test_volume_ports_and_env_agree_with_the_guard_defaults(clean_env: dict[str, str]) -> None:
+    volume = json.loads(only("VOLUME"))
+    assert volume == [STATE_DIR]
+    exposed = {int(p.split("/")[0]) for p in only("EXPOSE").split()}
+    defaults = config.GuardConfig()
+    assert exposed == {defaults.port, defaults.status.port} == {8000, 8077}
+    cfg = resolve(["some/model"], clean_env)
+    assert cfg.state_dir == STATE_DIR
+    assert (cfg.host, cfg.port) == ("0.0.0.0", 8000)
+    assert (cfg.status.host, cfg.status.port) == ("0.0.0.0", 8077)
+
+
+@pytest.mark.parametrize("run_args, model, vllm_args", [
+    (["meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768"],
+     "meta-llama/Llama-3.1-8B-Instruct", ("--max-model-len", "32768")),
+    (["--min-model-len", "8192", "--model", "Qwen/Qwen2.5-7B-Instruct", "--", "-tp", "2"],
+     "Qwen/Qwen2.5-7B-Instruct", ("-tp", "2")),
+    (["--state-dir", "/data/guard", "org/model"], "org/model", ()),
+])
+def test_docker_run_arguments_reach_vllm_guard_start(
+    clean_env: dict[str, str], run_args: list[str], model: str, vllm_args: tuple[str, ...]
+) -> None:
+    cfg = resolve(guard_argv_prefix() + run_args, clean_env)
+    assert cfg.model == model
+    assert cfg.vllm_args == vllm_args
+    if "--state-dir" in run_args:  # a command-line option beats the image's ENV
+        assert cfg.state_dir == "/data/guard"
+
+
+def test_the_image_alone_refuses_to_start_without_a_model(clean_env: dict[str, str]) -> None:
+    with pytest.raises(config.ConfigError, match="no model"):
+        resolve(guard_argv_prefix() + exec_form("CMD"), clean_env)
+    clean_env["VLLM_GUARD_MODEL"] = "org/model"
+    assert resolve(guard_argv_prefix() + exec_form("CMD"), clean_env).model == "org/model"
+
+
+def test_a_reachable_status_endpoint_needs_a_token_of_your_own(clean_env: dict[str, str], tmp_path: Path) -> None:
+    cfg = resolve(["org/model"], clean_env)
+    _token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", clean_env)
+    assert generated and not explicit
+    with pytest.raises(config.ConfigError, match="VLLM_GUARD_TOKEN"):
+        auth.check_bind(cfg.status.host, explicit)
+    clean_env["VLLM_GUARD_TOKEN"] = "a-token-of-my-own"
+    _token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", clean_env)
+    auth.check_bind(cfg.status.host, explicit)  # no error
+    assert explicit and generated is None
+
+
+# -- the healthcheck, run for real ------------------------------------------------------------------
+
+def healthcheck() -> tuple[dict[str, str], list[str]]:
+    """HEALTHCHECK's options and its exec-form command."""
+    text = only("HEALTHCHECK")
+    head, sep, cmd = text.partition(" CMD ")
+    assert sep, f"HEALTHCHECK without CMD: {text!r}"
+    options = dict(o.lstrip("-").split("=", 1) for o in head.split())
+    argv = json.loads(cmd.strip())
+    return options, argv
+
+
+def run_healthcheck(port: int) -> int:
+    _options, argv = healthcheck()
+    assert argv[0] == f"{VENV}/bin/python"  # the guard's python: the vLLM image needs no curl
+    env = {**os.environ, "VLLM_GUARD_STATUS_PORT": str(port)}
+    return subprocess.run([sys.executable, *argv[1:]], env=env, timeout=30, capture_output=True).returncode
+
+
+def test_healthcheck_asks_the_guard_not_vllm() -> None:
+    options, argv = healthcheck()
+    assert "/healthz" in argv[-1] and "/ready" not in argv[-1]
+    assert "VLLM_GUARD_STATUS_PORT" in argv[-1]  # follows the port the guard listens on
+    assert set(options) >= {"interval", "timeout", "start-period", "retries"}
+
+
+def test_healthcheck_passes_while_the_guard_answers_even_if_vllm_is_not_ready() -> None:
+    server = StatusServer("127.0.0.1", 0, "healthcheck-token", lambda: {"state": "starting"},
+                          lambda name, params: None, Metrics(), lambda: False)
+    server.start()
+    try:
+        assert httpx.get(f"{server.url}/ready").status_code == 503  # vLLM still loading
+        assert run_healthcheck(server.port) == 0
+        port = server.port
+    finally:
+        server.stop()
+    assert run_healthcheck(port) != 0  # nobody listens any more: unhealthy

@@ -29,6 +29,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # tini as PID 1: it reaps whatever gets orphaned in the container and hands SIGTERM to the
 # guard, which then stops vLLM's process group itself (SIGTERM, SIGKILL after stop_grace).
+# Not pinned: the version is whatever the base image's Ubuntu release ships.
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini \
  && rm -rf /var/lib/apt/lists/*
@@ -42,7 +44,7 @@ RUN python3 -m venv /opt/vllm-guard \
  && rm -rf /tmp/vllm-guard-src \
  && ln -s /opt/vllm-guard/bin/vllm-guard /usr/local/bin/vllm-guard \
  && vllm-guard --version \
- && mkdir -p -m 0700 /var/lib/vllm-guard
+ && install -d -m 0700 /var/lib/vllm-guard
 
 # Defaults for a container; each is overridden by `-e VLLM_GUARD_...` or by the same option
 # on the command line. The state dir holds the token file, guard.json and the learned flags.

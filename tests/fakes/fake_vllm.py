@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -28,9 +29,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import emulator as emu  # noqa: E402
 
-SITE = "/opt/vllm/lib/python3.12/site-packages"
-PYLIB = "/usr/lib/python3.12"
+# The paths of the real fixtures (tests/fixtures/logs/real-0.32): venv /opt/vllm, interpreter /usr.
+SITE = "/opt/vllm/lib/python3.11/site-packages"
+PYLIB = "/usr/lib/python3.11"
 ENGINE_ARG = "--fake-vllm-engine-core"
+WORKER_ARG = "--fake-vllm-worker"
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 
 # ================================================================ scenario
@@ -69,6 +72,14 @@ class Scenario:
         self.no_chat_template = bool(d.get("no_chat_template", False))
         self.pooling = bool(d.get("pooling", False))
         self.state_dir = os.environ.get("FAKE_VLLM_STATE") or d.get("state_dir")
+        # "cpu": the CPU backend as captured in tests/fixtures/logs/real-0.32 (a VLLM::Worker grandchild,
+        # KV space from VLLM_CPU_KVCACHE_SPACE, block size 128, no CUDA graphs).
+        self.device = d.get("device", "cuda")
+        if self.device == "cpu":
+            self.block_size = int(d.get("block_size", 128))
+        self.cpu_node_gib = float(d.get("cpu_node_gib", 9.59))
+        self.cpu_free_gib = float(d.get("cpu_free_gib", 7.96))
+        self.cpu_kv_limit_gib = float(d.get("cpu_kv_limit_gib", 8.21))
 
     def model(self, name: str) -> emu.ModelSpec:
         base = dict(name=name, weights_gib=0.93, kv_bytes_per_token=12288, num_kv_heads=2,
@@ -290,10 +301,10 @@ class Launch:
 class Log:
     """vLLM's logger and stream prefixes for one process, per version (research §1.1/§1.2)."""
 
-    def __init__(self, v: tuple, proc: str | None):
+    def __init__(self, v: tuple, proc: str | None, pid: int | None = None):
         self.v = v
         self.proc = proc
-        self.pid = os.getpid()
+        self.pid = pid or os.getpid()
         self.lock = threading.Lock()
 
     def _proc_prefix(self) -> str:
@@ -335,15 +346,37 @@ class Log:
         self.write(fd, "".join(prefix + ln + "\n" for ln in lines))
 
 
+_CARET_PREFIX = re.compile(r"^(return |[\w.]+(, [\w.]+)* = )")
+
+
 def frames(*specs: tuple) -> str:
-    """Render traceback frames: (path, line, func, code) with ``{S}``/``{P}`` for site/python."""
+    """Render traceback frames: (path, line, func, code) with ``{S}``/``{P}`` for site/python.
+
+    Python 3.11 underlines the called expression unless it is the whole line; for the frames
+    vLLM shows that is the right-hand side of ``x = ...`` and ``return ...`` (as the captures show).
+    """
     out = []
     for path, line, func, code in specs:
         path = path.replace("{S}", SITE).replace("{P}", PYLIB)
         out.append(f'  File "{path}", line {line}, in {func}')
         if code:
             out.append(f"    {code}")
+            m = _CARET_PREFIX.match(code)
+            if m:
+                out.append(" " * (4 + m.end()) + "^" * (len(code) - m.end()))
     return "\n".join(out)
+
+
+TB_HEAD = "Traceback (most recent call last):\n"
+_BOOTSTRAP = frames(("{P}/multiprocessing/process.py", 314, "_bootstrap", "self.run()"),
+                    ("{P}/multiprocessing/process.py", 108, "run", "self._target(*self._args, **self._kwargs)"),
+                    ("{S}/vllm/v1/engine/core.py", 1514, "run_engine_core", "raise e"))
+
+
+def process_traceback(tb: str) -> str:
+    """multiprocessing's raw print of the engine's exception: the same traceback from ``_bootstrap``."""
+    at = tb.rfind(TB_HEAD) + len(TB_HEAD)
+    return tb[:at] + _BOOTSTRAP + "\n" + tb[at:]
 
 
 def traceback_text(body: str, exc: str, cause: str | None = None) -> str:
@@ -485,28 +518,36 @@ _F_BACKEND = frames(*_F_EXECUTOR[:-1],
                     ("{S}/vllm/v1/worker/gpu_model_runner.py", 4512, "load_model", "self.model = model_loader.load_model("),
                     ("{S}/vllm/attention/selector.py", 91, "get_attn_backend", "return _cached_get_attn_backend("),
                     ("{S}/vllm/platforms/cuda.py", 402, "get_attn_backend_cls", "raise ValueError("))
-_F_API = frames(("{S}/vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
-                ("{S}/vllm/entrypoints/cli/serve.py", 112, "cmd", "uvloop.run(run_server(args))"),
-                ("{S}/uvloop/__init__.py", 92, "run", "return runner.run(wrapper())"),
-                ("{P}/asyncio/runners.py", 118, "run", "return self._loop.run_until_complete(task)"),
-                ("uvloop/loop.pyx", 1515, "uvloop.loop.Loop.run_until_complete", ""),
-                ("{S}/uvloop/__init__.py", 48, "wrapper", "return await main"),
-                ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 177, "run_server",
-                 "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
-                ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 195, "run_server_worker",
-                 "async with build_async_engine_client("),
-                ("{P}/contextlib.py", 210, "__aenter__", "return await anext(self.gen)"),
-                ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 61, "build_async_engine_client",
-                 "async with build_async_engine_client_from_engine_args("),
-                ("{P}/contextlib.py", 210, "__aenter__", "return await anext(self.gen)"))
-_F_API_CONFIG = _F_API + "\n" + frames(
+
+# The API server's traceback, as the real captures show it. The head depends on how vLLM was started.
+_HEAD_MODULE = frames(("<frozen runpy>", 198, "_run_module_as_main", ""), ("<frozen runpy>", 88, "_run_code", ""),
+                      ("{S}/vllm/entrypoints/openai/api_server.py", 59, "<module>", "main()"),
+                      ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 232, "main",
+                       "uvloop.run(run_server(args))"))
+_HEAD_CLI = frames(("/opt/vllm/bin/vllm", 10, "<module>", "sys.exit(main())"),
+                   ("{S}/vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+                   ("{S}/vllm/entrypoints/cli/serve.py", 112, "cmd", "uvloop.run(run_server(args))"))
+_RUN = frames(("{S}/uvloop/__init__.py", 92, "run", "return runner.run(wrapper())"),
+              ("{P}/asyncio/runners.py", 118, "run", "return self._loop.run_until_complete(task)"),
+              ("uvloop/loop.pyx", 1515, "uvloop.loop.Loop.run_until_complete", ""),
+              ("{S}/uvloop/__init__.py", 48, "wrapper", "return await main"))
+_TO_ENGINE_ARGS = frames(
+    ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 177, "run_server",
+     "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
+    ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 195, "run_server_worker",
+     "async with build_async_engine_client("),
+    ("{P}/contextlib.py", 210, "__aenter__", "return await anext(self.gen)"),
+    ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 61, "build_async_engine_client",
+     "async with build_async_engine_client_from_engine_args("),
+    ("{P}/contextlib.py", 210, "__aenter__", "return await anext(self.gen)"))
+_TAIL_CONFIG = frames(
     ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 83, "build_async_engine_client_from_engine_args",
      "vllm_config = engine_args.create_engine_config(usage_context=usage_context)"),
     ("{S}/vllm/engine/arg_utils.py", 2240, "create_engine_config", "model_config = self.create_model_config()"),
     ("{S}/vllm/engine/arg_utils.py", 1955, "create_model_config", "return ModelConfig("),
     ("{S}/pydantic/_internal/_dataclasses.py", 121, "__init__",
      "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)"))
-_F_API_ENGINE = _F_API + "\n" + frames(
+_TAIL_ENGINE = frames(
     ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 95, "build_async_engine_client_from_engine_args",
      "async_llm = AsyncLLM.from_vllm_config("),
     ("{S}/vllm/v1/engine/async_llm.py", 255, "from_vllm_config", "return cls("),
@@ -517,12 +558,21 @@ _F_API_ENGINE = _F_API + "\n" + frames(
     ("{P}/contextlib.py", 144, "__exit__", "next(self.gen)"),
     ("{S}/vllm/v1/engine/utils.py", 1351, "launch_core_engines", "wait_for_engine_startup("),
     ("{S}/vllm/v1/engine/utils.py", 1431, "wait_for_engine_startup", "raise RuntimeError("))
-_F_BIND = _F_API[: _F_API.index('  File "' + SITE + "/vllm/entrypoints/launchers/api_server/entry.py\", line 177")] + frames(
+_TAIL_BIND = frames(
     ("{S}/vllm/entrypoints/launchers/api_server/entry.py", 176, "run_server",
      "listen_address, sock = setup_server(args, reuse_port=False)"), _OTEL,
     ("{S}/vllm/entrypoints/launchers/launcher.py", 398, "setup_server",
      "sock = create_server_socket(sock_addr, reuse_port=reuse_port)"),
     ("{S}/vllm/entrypoints/launchers/launcher.py", 348, "create_server_socket", "sock.bind(addr)"))
+
+
+def api_frames(serve: bool, where: str) -> str:
+    """The API server's frames down to ``where``: ``config``, ``engine`` (start-up wait) or ``bind``."""
+    head = (_HEAD_CLI if serve else _HEAD_MODULE) + "\n" + _RUN
+    if where == "bind":
+        return head + "\n" + _TAIL_BIND
+    tail = _TAIL_CONFIG if where == "config" else _TAIL_ENGINE
+    return head + "\n" + _TO_ENGINE_ARGS + "\n" + tail
 
 
 def engine_failure(kind: str, v: tuple, gen: str, n: dict, flags: dict) -> tuple[str, str]:
@@ -569,7 +619,7 @@ def engine_failure(kind: str, v: tuple, gen: str, n: dict, flags: dict) -> tuple
     return traceback_text(_F_KV, exc), exc
 
 
-def api_config_failure(kind: str, v: tuple, n: dict) -> str:
+def api_config_failure(kind: str, v: tuple, n: dict, serve: bool = True) -> str:
     """The traceback the API server prints for a config-time failure (before any engine)."""
     if kind == "max_len_exceeds_model":
         msg = derived_message(v, n)
@@ -584,10 +634,11 @@ def api_config_failure(kind: str, v: tuple, n: dict) -> str:
     if v >= (0, 9, 1):
         exc = (f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {cls}\n"
                f"  Value error, {msg} [type=value_error, input_value=ArgsKwargs((), {{'model': ...}}), "
-               "input_type=ArgsKwargs]\n    For further information visit https://errors.pydantic.dev/2.12/v/value_error")
+               f"input_type=ArgsKwargs]\n    For further information visit https://errors.pydantic.dev/"
+               f"{'2.14' if v >= (0, 30, 0) else '2.11'}/v/value_error")
     else:
         exc = f"ValueError: {msg}"
-    return traceback_text(_F_API_CONFIG, exc)
+    return traceback_text(api_frames(serve, "config"), exc)
 
 
 # ================================================================ process names per version
@@ -653,6 +704,8 @@ class Engine:
 
     def start(self) -> dict | None:
         """Print start-up; return the READY payload, or None after printing the failure."""
+        if self.sc.device == "cpu":
+            return self.start_cpu()
         sc, v, log, f = self.sc, self.v, self.log, self.flags
         out = emu.simulate(sc.model(self.spec["model"]), sc.gpu, sc.version, f, block_size=sc.block_size,
                            activation_gib=sc.activation_gib, cudagraph_gib=sc.cudagraph_gib,
@@ -812,11 +865,75 @@ class Engine:
             return None
         elif gen == "v0" and v >= (0, 6, 4):
             log.error("engine.py:389", last.split(": ", 1)[-1] + "\n" + tb)
-        log.raw(f"Process {engine_mp_name(v, gen)}:\n" + traceback_text(
-            frames(("{P}/multiprocessing/process.py", 314, "_bootstrap", "self.run()"),
-                   ("{P}/multiprocessing/process.py", 108, "run", "self._target(*self._args, **self._kwargs)"),
-                   ("{S}/vllm/v1/engine/core.py", 1514, "run_engine_core", "raise e")) + "\n"
-            + tb.split("\n", 1)[1].rsplit("\n", 1)[0], last), fd=2)
+        log.raw(f"Process {engine_mp_name(v, gen)}:\n" + process_traceback(tb), fd=2)
+        return None
+
+
+    # -- the CPU backend (real 0.32 CPU captures) ----------------------------------------------
+    def start_cpu(self) -> dict | None:
+        sc, v, log, f = self.sc, self.v, self.log, self.flags
+        space = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4)
+        sim_flags = dict(f, **{"--kv-cache-memory-bytes": str(int(space * emu.GIB))})
+        out = emu.simulate(sc.model(self.spec["model"]), emu.GpuSpec(total_gib=1024.0), sc.version, sim_flags,
+                           block_size=sc.block_size, activation_gib=0.0, cudagraph_gib=0.0, context_gib=0.0,
+                           non_torch_gib=0.0, env=dict(os.environ))
+        n = out.numbers
+        self.worker = subprocess.Popen(["VLLM::Worker", os.path.abspath(__file__), WORKER_ARG],
+                                       executable=self.spec.get("python") or os.readlink("/proc/self/exe"),
+                                       stdin=subprocess.DEVNULL)
+        wlog = Log(v, "Worker", pid=self.worker.pid)
+        log.info("core.py:133", _engine_config_line(v, "v1", self.spec, n.get("max_model_len", 0))
+                 .replace("device_config=cuda", "device_config=cpu"))
+        log.info("multiproc_executor.py:153", "DP group leader: node_rank=0, node_rank_within_dp=0, "
+                 "master_addr=127.0.0.1, mq_connect_ip=127.0.0.1 (local), world_size=1, local_world_size=1")
+        wlog.info("parallel_state.py:1906", "world_size=1 rank=0 local_rank=0 distributed_init_method="
+                  f"file:///tmp/vllm_dist_{uuid.uuid4().hex} backend=gloo")
+        wlog.info("cpu_model_runner.py:68", f"Starting to load model {self.spec['model']}...")
+        self.pause()
+        wlog.info("base_loader.py:82", f"Initializing model took {self.speed * 4:.6f} seconds")
+        log.raw("\rLoading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]", fd=2)
+        log.raw("\rLoading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 34.76it/s]\n", fd=2)
+        wlog.info("default_loader.py:501", f"Loading weights took {self.speed * 3:.2f} seconds")
+        self.pause()
+        log.info("utils.py:347", "Using LBHNC KV cache layout.")
+        if space > sc.cpu_free_gib:
+            exc = (f"ValueError: Available memory on node 0 ({sc.cpu_free_gib}/{sc.cpu_node_gib} GiB) on kv cache "
+                   f"allocation is less than requested memory for kv ({space} GiB). Decrease "
+                   "--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.")
+            wlog.error("multiproc_executor.py:953", "WorkerProc hit an exception.\n" + traceback_text(_F_KV, exc))
+            detail = exc.split(": ", 1)[1]
+            wrapped = (f"RuntimeError: Worker failed with error '{detail}', please check the stack trace above "
+                       "for the root cause")
+            return self.fail_cpu(traceback_text(_F_KV, wrapped), wrapped, {"EngineCore": 1})
+        wlog.info("cpu_worker.py:260", f"Explicitly set ({space}/{sc.cpu_kv_limit_gib}) GiB for KV cache on node 0.")
+        if out.kind in ("kv_cache_insufficient", "no_kv_cache_memory"):
+            tb, last = engine_failure(out.kind, v, "v1", n, f)
+            return self.fail_cpu(tb, last, {})
+        max_len = out.served_max_model_len
+        if "auto_fit_max_model_len" in n:
+            derived = n["derived_max_model_len"]
+            avail = f"{gib(n['kv_available_gib'], v)} GiB CPU"
+            if max_len < derived:
+                msg = f"Auto-fit max_model_len: reduced from {derived} to {max_len} to fit in available KV cache memory ({avail})"
+            else:
+                msg = f"Auto-fit max_model_len: full model context length {derived} fits in available KV cache memory ({avail})"
+            log.info("kv_cache_utils.py:2477", msg)
+        conc = n["num_blocks"] / -(-max_len // sc.block_size)
+        log.info("kv_cache_utils.py:2327", f"CPU KV cache size: {n['kv_tokens']:,} tokens, Maximum concurrency for "
+                 f"{max_len:,} tokens per request: {conc:.2f}x")
+        log.info("core.py:402", f"init engine (profile, create kv cache, warmup model) took {self.speed * 6:.2f} s")
+        return {"max_model_len": max_len, "numbers": n}
+
+    def fail_cpu(self, tb: str, last: str, procs: dict) -> None:
+        log = self.log
+        log.error("core.py:1510", "EngineCore failed to start.\n" + tb)
+        self.worker.kill()
+        self.worker.wait()
+        log.error("multiproc_executor.py:315", "Worker proc VllmWorker-0 died unexpectedly (exit code: None), "
+                  "shutting down executor.")
+        log.info("multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=1")
+        log.raw("Process EngineCore:\n" + process_traceback(tb), fd=2)
+        self.failed_procs = procs
         return None
 
     # -- runtime ------------------------------------------------------------------------------
@@ -848,6 +965,20 @@ class Engine:
         os._exit(1)
 
 
+def worker_child_main() -> None:
+    """Entry of the CPU backend's ``VLLM::Worker`` (a child of EngineCore): idles, leaves with its parent."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, b"VLLM::Worker", 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.05)
+    Log(Scenario(json.loads(os.environ["FAKE_VLLM_ENGINE_SPEC"])["scenario"]).v, "Worker").info(
+        "multiproc_executor.py:843", "Parent process exited, terminating worker queues")
+
+
 def engine_child_main() -> None:
     """Entry of the forked ``VLLM::EngineCore`` process."""
     spec = json.loads(os.environ["FAKE_VLLM_ENGINE_SPEC"])
@@ -862,6 +993,7 @@ def engine_child_main() -> None:
     ready_fd = int(spec["ready_fd"])
     parent = os.getppid()
     stop = threading.Event()
+    holder: dict = {}
 
     def on_term(signum, frame):
         if sc.v >= (0, 30, 0):
@@ -869,13 +1001,19 @@ def engine_child_main() -> None:
             log.info("core.py:1635", "[shutdown] EngineCore: start mode=abort timeout=0s")
             log.info("core.py:1666", "[shutdown] EngineCore: request processing complete; starting resource teardown")
             log.info("core.py:1499", "[shutdown] EngineCore: exiting busy loop")
+        worker = getattr(holder.get("engine"), "worker", None)
+        if worker is not None and worker.poll() is None:
+            log.info("multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=1")
+            worker.kill()
         stop.set()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if sc.ignore_sigterm else on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    engine = Engine(spec, log)
+    engine = holder["engine"] = Engine(spec, log)
     ready = engine.start()
+    if ready is None and getattr(engine, "failed_procs", None):
+        os.write(ready_fd, (json.dumps({"failed": engine.failed_procs}) + "\n").encode())
     if ready is None:
         if gen == "v1" and (0, 7, 0) <= sc.v < (0, 8, 5):
             os.kill(parent, signal.SIGUSR1)   # the 0.7-0.8.4 fatal-signal path (research §3 envelope)
@@ -1021,7 +1159,7 @@ class Api:
             sock.bind((host, self.launch.port))
         except OSError as exc:
             sock.close()
-            self.log.raw(traceback_text(_F_BIND, f"OSError: [Errno {exc.errno}] {os.strerror(exc.errno or 98)}"))
+            self.log.raw(traceback_text(api_frames(self.launch.serve, "bind"), f"OSError: [Errno {exc.errno}] {os.strerror(exc.errno or 98)}"))
             raise SystemExit(1) from None
         self.sock = sock
 
@@ -1033,7 +1171,7 @@ class Api:
         if v >= (0, 10, 0):
             log.info("model.py:733", "Resolved architecture: LlamaForCausalLM")
         if out.kind in ("max_len_exceeds_model",) or (out.kind == "config_error" and out.phase == "config"):
-            self.log.raw(api_config_failure(out.kind, v, out.numbers))
+            self.log.raw(api_config_failure(out.kind, v, out.numbers, self.launch.serve))
             raise SystemExit(1)
         if v >= (0, 9, 2):
             log.info("model.py:2152", f"Using max model len {out.numbers.get('max_model_len')}")
@@ -1057,7 +1195,7 @@ class Api:
             dies = self.sc.death_count is None or before < int(self.sc.death_count)
         spec = {"scenario": self.sc.raw, "flags": self.launch.flags, "model": self.launch.model,
                 "served": self.launch.served, "version": self.sc.version, "ready_fd": w, "engine": self.gen,
-                "die": dies}
+                "die": dies, "python": sys.executable}
         env = dict(os.environ, FAKE_VLLM_ENGINE_SPEC=json.dumps(spec))
         preexec = None
         if not self.sc.engine_survives_parent:
@@ -1085,9 +1223,11 @@ class Api:
             elif self.engine.poll() is not None:
                 return None
 
-    def startup_failed(self) -> None:
+    def startup_failed(self, procs: dict | None = None) -> None:
         """The API server's last words after the engine failed to start (research §3 envelope)."""
         v = self.v
+        if self.engine is not None:
+            self.engine.wait()
         time.sleep(self.sc.speed)
         if self.gen == "v0":
             if v >= (0, 6, 4):
@@ -1095,12 +1235,12 @@ class Api:
             else:
                 exc = "RuntimeError: Engine process failed to start"
         elif v >= (0, 9, 0):
-            exc = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+            exc = f"RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {procs or {}}"
         elif v >= (0, 8, 4):
             exc = "RuntimeError: Engine core initialization failed. See root cause above."
         else:
             exc = "RuntimeError: EngineCore initialization failed. See root cause above."
-        self.log.raw(traceback_text(_F_API_ENGINE, exc))
+        self.log.raw(traceback_text(api_frames(self.launch.serve, "engine"), exc))
         raise SystemExit(1)
 
     def serving_lines(self) -> None:
@@ -1232,8 +1372,8 @@ class Api:
             if self.engine.poll() is None:
                 self.engine.kill()
             os.kill(os.getpid(), signal.SIGKILL)
-        if ready is None:
-            self.startup_failed()
+        if ready is None or "failed" in ready:
+            self.startup_failed((ready or {}).get("failed"))
         self.max_len = ready["max_model_len"]
         if sc.ignore_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -1472,6 +1612,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == [ENGINE_ARG]:
         engine_child_main()
         return 0
+    if argv[:1] == [WORKER_ARG]:
+        worker_child_main()
+        return 0
     sc = load_scenario()
     if argv[:1] in (["--version"], ["-v"]) and sc.v >= (0, 6, 5):
         print(sc.version)
@@ -1496,7 +1639,8 @@ def main(argv: list[str]) -> int:
         if api.engine and api.engine.poll() is None:
             api.engine.terminate()
             api.engine.wait()
-        api.log.raw(traceback_text(_F_API_ENGINE.rsplit("\n", 4)[0], f"KeyboardInterrupt: {exc}"))
+        api.log.raw(traceback_text(api_frames(launch.serve, "engine").rsplit("\n", 4)[0],
+                                   f"KeyboardInterrupt: {exc}"))
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)   # an uncaught KeyboardInterrupt ends Python by SIGINT
         return 130

@@ -7,6 +7,7 @@ group afterwards so orphaned fake engines never outlive a test) and waits on its
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -504,3 +505,160 @@ def test_silent_hang_at_start_never_serves(launch):
     assert len(fake.text().splitlines()) == count and fake.proc.poll() is None
     with pytest.raises(httpx.ConnectError):
         httpx.get(fake.url + "/health", timeout=1)
+
+
+# ---------------------------------------------------------------------------- against the real captures
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real-0.32"
+TINY = {"device": "cpu", "model": {"weights_gib": 0.05, "kv_bytes_per_token": 16384, "num_kv_heads": 8,
+                                   "derived_max_model_len": 131072, "vocab": 4096, "hidden": 512,
+                                   "intermediate": 1024}}
+_NORMALISE = [
+    (re.compile(r"\x1b\[[0-9;]*m"), ""), (re.compile(r"pid[= ]\d+"), "pid=N"),
+    (re.compile(r"\d\d-\d\d \d\d:\d\d:\d\d"), "TS"), (re.compile(r"\d+\.\d+ (seconds|s)\b"), r"X \1"),
+    (re.compile(r"process \[\d+\]"), "process [N]"), (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:P"),
+    (re.compile(r"'port': \d+"), "'port': P"), (re.compile(r"vllm_dist_[0-9a-f]+"), "vllm_dist_X"),
+]
+
+
+def norm(line: str) -> str:
+    line = line.rstrip("\r")
+    for pattern, repl in _NORMALISE:
+        line = pattern.sub(repl, line)
+    return line
+
+
+def real_lines(name: str) -> list[str]:
+    return [norm(ln) for ln in (REAL / name).read_text(encoding="utf-8").split("\n")]
+
+
+def tiny(launch, *args, scenario=None, env=None) -> Fake:
+    """The fake started the way the real fixtures were captured (api_server style, CPU, 1 GiB KV)."""
+    return launch("--model", "/models/tiny-llama", "--enforce-eager", *args, serve=False,
+                  scenario={**TINY, **(scenario or {})},
+                  env={"VLLM_CPU_KVCACHE_SPACE": "1", "NO_COLOR": "1", **(env or {})})
+
+
+def assert_like_real(fake: Fake, fixture: str, exact: list[str], ordered: list[str]) -> None:
+    """Lines holding an ``exact`` anchor are identical (after normalising pids, times, ports); the
+    ``ordered`` anchors (and the exact ones) appear in the same order on each stream."""
+    real = real_lines(fixture)
+    streams = {name: [norm(ln) for ln in fake.text(name).split("\n")] for name in ("out", "err")}
+    for anchor in exact:
+        want = [ln for ln in real if anchor in ln]
+        got = [ln for name in streams for ln in streams[name] if anchor in ln]
+        assert want, f"{anchor!r} not in {fixture}"
+        assert got[:1] == want[:1], f"{anchor!r}:\nreal: {want[0]!r}\nfake: {got[:1]!r}"
+    for name, lines in streams.items():
+        anchors = [a for a in exact + ordered if any(a in ln for ln in lines)]
+        first = {a: next(i for i, ln in enumerate(lines) if a in ln) for a in anchors}
+        real_first = {a: next(i for i, ln in enumerate(real) if a in ln) for a in anchors}
+        assert sorted(anchors, key=first.get) == sorted(anchors, key=real_first.get), name
+    missing = [a for a in exact + ordered if not any(a in ln for s in streams.values() for ln in s)]
+    assert not missing, missing
+
+
+def test_like_real_kv_cache_default_context(launch):
+    fake = tiny(launch)
+    assert fake.wait() == 1
+    assert_like_real(fake, "kv-cache-default-context.log",
+                     exact=["Using max model len 131072", "Starting to load model", "Loading weights took",
+                            "Explicitly set (1.0/8.21) GiB", "EngineCore failed to start.",
+                            "ERROR TS [core.py:1510] ValueError: To serve at least one request",
+                            "Worker proc VllmWorker-0 died unexpectedly", "Process EngineCore:",
+                            "RuntimeError: Engine core initialization failed"],
+                     ordered=["version 0.32.0", "non-default args:", "Resolved architecture:",
+                              "Initializing a V1 LLM engine (v0.32.0) with config: model='/models/tiny-llama'",
+                              "Loading safetensors checkpoint shards: 100%"])
+    real, out, err = real_lines("kv-cache-default-context.log"), fake.text().split("\n"), fake.text("err").split("\n")
+    block = [ln for ln in real if "[core.py:1510]" in ln]
+    assert [norm(ln) for ln in out if "[core.py:1510]" in ln] == block          # the whole logged traceback
+    start = real.index("Process EngineCore:")
+    raw = real[start:start + len(block) + 4]
+    at = err.index("Process EngineCore:")
+    assert [norm(ln) for ln in err[at:at + len(raw)]] == raw                     # multiprocessing's print
+    tail = real[real.index("RuntimeError: Engine core initialization failed. See root cause above. "
+                           "Failed core proc(s): {}") - 60:]
+    api_tb = tail[tail.index("Traceback (most recent call last):"):]
+    api_tb = api_tb[:next(i for i, ln in enumerate(api_tb) if ln.startswith("RuntimeError")) + 1]
+    assert err[-len(api_tb):] == api_tb                                          # the API server's last words
+
+
+def test_like_real_healthy_and_auto_fit_then_sigterm(launch):
+    fake = tiny(launch, "--max-model-len", "65408")
+    fake.wait_for("Application startup complete.")
+    assert httpx.get(fake.url + "/v1/models").json()["data"][0]["max_model_len"] == 65408
+    fake.wait_for('"GET /v1/models HTTP/1.1" 200 OK', stream="out")
+    assert_like_real(fake, "healthy-max-model-len-65408.log",
+                     exact=["Using max model len 65408", "Explicitly set (1.0/8.21) GiB",
+                            "CPU KV cache size: 65,536 tokens, Maximum concurrency for 65,408 tokens per request",
+                            "init engine (profile, create kv cache, warmup model) took",
+                            "Starting vLLM server on", "Available routes are:", "INFO:     Started server process",
+                            "INFO:     Waiting for application startup.", "INFO:     Application startup complete.",
+                            '"GET /v1/models HTTP/1.1" 200 OK'],
+                     ordered=["Supported tasks:"])
+
+    auto = tiny(launch, "--max-model-len", "auto")
+    auto.wait_for("Application startup complete.")
+    auto.proc.send_signal(signal.SIGTERM)
+    assert auto.wait() == 0
+    assert_like_real(auto, "autofit-then-sigterm.log",
+                     exact=["Using max model len 131072",
+                            "Auto-fit max_model_len: reduced from 131072 to 65408 to fit in available KV cache",
+                            "CPU KV cache size: 65,536 tokens",
+                            "[shutdown] API server: shutdown triggered",
+                            "[shutdown] API server: stopping engine client mode=abort timeout=0s",
+                            "[shutdown] Process manager: send sigterm to process EngineCore",
+                            "[shutdown] EngineCore: trigger received signal=SIGTERM",
+                            "[shutdown] EngineCore: exiting busy loop",
+                            "[shutdown] MPClient: complete", "[shutdown] API server: shutting down FastAPI HTTP server",
+                            "INFO:     Shutting down", "INFO:     Application shutdown complete."],
+                     ordered=[])
+    assert not auto.group()
+
+
+def test_like_real_engine_killed_while_serving(launch):
+    fake = tiny(launch, "--max-model-len", "65408")
+    fake.wait_for("Application startup complete.")
+    fake.engine().kill()
+    assert fake.wait() == 0
+    assert_like_real(fake, "engine-core-killed-while-serving.log",
+                     exact=["[shutdown] Process manager: send sigterm to process EngineCore",
+                            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+                            "[shutdown] MPClient: complete", "AsyncLLM output_handler failed.",
+                            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+                            "INFO:     Shutting down", "INFO:     Finished server process"],
+                     ordered=[])
+
+
+@pytest.mark.parametrize("fixture, args", [
+    ("max-len-exceeds-derived.log", ["--max-model-len", "200000"]),
+    ("unrecognized-argument.log", ["--no-such-flag", "3"]),
+])
+def test_like_real_config_errors(launch, fixture, args):
+    fake = tiny(launch, *args)
+    rc = fake.wait()
+    real = [ln for ln in real_lines(fixture) if ln and "Warning" not in ln and "warnings.warn" not in ln
+            and "Triton" not in ln]
+    err = [norm(ln) for ln in fake.text("err").split("\n") if ln]
+    assert err[-1] == real[-1]
+    if fixture.startswith("max-len"):
+        assert rc == 1
+        tb = real[real.index("Traceback (most recent call last):"):]
+        assert err[-len(tb):][:-2] == tb[:-2]          # the input_value dump differs; the rest is identical
+        assert err[-2].startswith(tb[-2].split(" [type=value_error")[0])
+    else:
+        assert rc == 2
+
+
+def test_like_real_port_in_use(launch):
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        fake = tiny(launch, "--port", str(taken.getsockname()[1]), "--max-model-len", "65408")
+        assert fake.wait() == 1
+    real = [ln for ln in real_lines("port-in-use.log") if ln]
+    tb = real[real.index("Traceback (most recent call last):"):]
+    assert [norm(ln) for ln in fake.text("err").split("\n") if ln][-len(tb):] == tb
+    assert "non-default args:" in fake.text() and "Using max model len" not in fake.text()

@@ -71,6 +71,7 @@ class Guard:
         self.env_start = startup.Environment()
         self._control: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
         self._stop_requested = False
+        self._heartbeat = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.notifier: Any = None
@@ -115,12 +116,20 @@ class Guard:
 
     async def _watchdog(self) -> None:
         """WATCHDOG=1 from the loop itself: a wedged loop stops pinging and systemd restarts us."""
+        next_ping = 0.0
         while True:
+            now = time.monotonic()
+            self._heartbeat = now
             notifier = self.notifier
             interval = notifier.watchdog_interval() if notifier is not None else None
-            if interval:
+            if interval and now >= next_ping:
                 notifier.watchdog()
-            await asyncio.sleep(interval or 1.0)
+                next_ping = now + interval
+            await asyncio.sleep(min(interval or 1.0, 1.0))
+
+    def alive(self) -> bool:
+        """For /healthz (any thread): the loop turned within the last 30 s."""
+        return time.monotonic() - self._heartbeat < 30.0
 
     def _on_signal(self, signum: int) -> None:
         self._command("stop", {"signal": signum})

@@ -126,7 +126,7 @@ def _start_status(g: "Guard") -> None:
                                                     g.environ)
     auth.check_bind(cfg.status.host, explicit)
     server = StatusServer(cfg.status.host, cfg.status.port, token, g.snapshot, g.command, g.metrics,
-                          g.ready)
+                          g.ready, alive=g.alive)
     try:
         server.start()
     except StatusServerError as e:
@@ -157,7 +157,9 @@ def _gpu_facts(g: "Guard") -> None:
     pp = g.requested.get_int("--pipeline-parallel-size") or 1
     from supervisor.plan import check_gpu_count, sizing_device
 
-    problem = check_gpu_count(tp * pp, devices)
+    multi_node = g.requested.get("--distributed-executor-backend") == "ray" or \
+        (g.requested.get_int("--nnodes") or 1) > 1
+    problem = None if multi_node else check_gpu_count(tp * pp, devices)
     if problem:
         raise Refused(problem, EX_CONFIG)
     used = devices[: tp * pp]

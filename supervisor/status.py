@@ -138,7 +138,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._drain_body():
             return
         if path == "/healthz":
-            self._send(200, b"ok\n", "text/plain; charset=utf-8", head=head)
+            alive = owner.alive is None or _safe(owner.alive, False)
+            self._send(200 if alive else 503, b"ok\n" if alive else b"guard loop stalled\n",
+                       "text/plain; charset=utf-8", head=head)
         elif path == "/ready":
             ready = _safe(owner.ready, False)
             self._send(200 if ready else 503, b"ready\n" if ready else b"not ready\n",
@@ -254,12 +256,14 @@ class StatusServer:
         *,
         request_timeout: float = REQUEST_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         if not token:
             raise ValueError("StatusServer needs a token (see auth.resolve_token)")
         self.host, self.port, self.token = host, port, token
         self.snapshot, self.command, self.metrics, self.ready = snapshot, command, metrics, ready
         self.request_timeout = request_timeout
+        self.alive = alive          # /healthz: the guard's loop still turns (None: always)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None

@@ -1,0 +1,203 @@
+"""``vllm-guard start`` end to end against the fake vLLM: every kind through the whole loop.
+
+Each test runs the real guard process, which launches the fake vLLM (a real child printing
+real-format logs, forking a ``VLLM::EngineCore``, serving real HTTP) and is observed only from
+outside: its /status endpoint, its exit code, its output, and the processes left behind.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from guardrun import ROOT, GuardRun, argv_flag, marked
+
+sys.path.insert(0, str(ROOT / "tests" / "fakes"))
+import emulator as emu  # noqa: E402
+
+LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
+           "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
+REAL = ROOT / "tests" / "fixtures" / "logs" / "real-0.32"
+
+
+@pytest.fixture
+def run(tmp_path):
+    runs: list[GuardRun] = []
+
+    def make(*args, **kw) -> GuardRun:
+        g = GuardRun(tmp_path, *args, **kw).start()
+        runs.append(g)
+        return g
+
+    yield make
+    for g in runs:
+        g.close()
+
+
+def true_fit(version: str, flags: dict | None = None, gpu: dict | None = None) -> int:
+    spec = emu.ModelSpec(name="fake/model", **LLAMA8B)
+    out = emu.simulate(spec, emu.GpuSpec(**{"total_gib": 23.55, **(gpu or {})}), version, flags or {})
+    return out.numbers["kv_tokens"] if "fit_max_model_len" not in out.numbers else out.numbers["fit_max_model_len"]
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.10.2", "0.6.3"])
+def test_kv_cache_failure_healed_in_one_relaunch_to_the_estimate(run, version):
+    g = run({"version": version, "model": LLAMA8B})
+    s = g.wait_healthy(launches=2)
+    first, second = s["launches"]
+    assert first["kind"] == "kv_cache_insufficient" and first["outcome"] == "failed"
+    fit = first["numbers"]["fit_max_model_len"]
+    new = int(argv_flag(second["argv"], "--max-model-len"))
+    assert fit - 16 < new <= fit and new % 16 == 0
+    assert s["changed_flags"]["--max-model-len"]["source"] == "heal"
+    r = g.chat()
+    assert r.status_code == 200 and r.json()["choices"]
+    assert "relaunch 2: --max-model-len (unset) -> " in g.output()
+    assert g.terminate() == 0
+
+
+def test_v1_without_estimate_scales_by_gib_ratio_and_keeps_90_percent(run):
+    g = run({"version": "0.8.4", "model": LLAMA8B})
+    s = g.wait_healthy(launches=2)
+    new = int(argv_flag(s["launches"][1]["argv"], "--max-model-len"))
+    fit = true_fit("0.8.4")
+    assert 0.9 * fit <= new <= fit
+    assert g.terminate() == 0
+
+
+def test_insufficient_free_memory_lowers_utilization_only(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B, "gpu": {"other_used_gib": 3}},
+            vllm_args=["--max-model-len", "8192"])
+    s = g.wait_healthy(launches=2)
+    first, second = s["launches"]
+    assert first["kind"] == "insufficient_free_memory"
+    util = float(argv_flag(second["argv"], "--gpu-memory-utilization"))
+    assert util <= 20.15 / 23.55 - 0.02
+    assert argv_flag(second["argv"], "--max-model-len") == "8192"     # length untouched
+    assert g.terminate() == 0
+
+
+def test_cudagraph_oom_heals_with_enforce_eager(run):
+    g = run({"version": "0.10.2", "model": LLAMA8B, "cudagraph_gib": 3.0},
+            vllm_args=["--max-model-len", "8192"])
+    s = g.wait_healthy(launches=2)
+    assert s["launches"][0]["kind"] == "oom_cudagraph"
+    assert "--enforce-eager" in s["launches"][1]["argv"]
+    assert argv_flag(s["launches"][1]["argv"], "--max-model-len") == "8192"
+    assert g.terminate() == 0
+
+
+def test_max_len_above_derived_uses_derived(run):
+    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 5.0, "kv_bytes_per_token": 65536}},
+            vllm_args=["--max-model-len", "200000"])
+    s = g.wait_healthy(launches=2)
+    assert s["launches"][0]["kind"] == "max_len_exceeds_model"
+    assert argv_flag(s["launches"][1]["argv"], "--max-model-len") == "131072"
+    assert g.terminate() == 0
+
+
+def test_no_kv_memory_ladder_reaches_health(run):
+    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 20.0,
+                                             "derived_max_model_len": 8192}},
+            vllm_args=["--gpu-memory-utilization", "0.85"])
+    s = g.wait_healthy(timeout=90)
+    kinds = [l["kind"] for l in s["launches"] if l.get("kind")]
+    assert kinds and set(kinds) == {"no_kv_cache_memory"}
+    assert float(argv_flag(s["argv"], "--gpu-memory-utilization")) > 0.85
+    assert g.terminate() == 0
+
+
+def test_replayed_real_log_until_the_right_flags_arrive(run):
+    """A server that replays the real 0.32 KV failure until --max-model-len <= 65408."""
+    g = run({"version": "0.32.0", "replay": str(REAL / "kv-cache-default-context.log"),
+             "heal_when": {"max_model_len_le": 65408}})
+    s = g.wait_healthy(launches=2)
+    assert argv_flag(s["launches"][1]["argv"], "--max-model-len") == "65408"
+    assert g.chat().status_code == 200
+    assert g.terminate() == 0
+
+
+def test_config_error_exits_78_after_one_launch(run):
+    g = run({"version": "0.32.0"}, vllm_args=["--not-a-vllm-flag", "1"])
+    assert g.wait_exit() == 78
+    out = g.output()
+    assert "unrecognized arguments" in out and "giving up" in out
+    assert out.count("launch 1:") == 1 and "launch 2:" not in out
+
+
+def test_engine_death_exit_0_relaunches_with_unchanged_flags(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B, "engine_death_after": 0.5, "death_count": 1},
+            vllm_args=["--max-model-len", "8192"])
+    s = g.wait_healthy(launches=2, timeout=60)
+    first, second = s["launches"]
+    assert first["outcome"] == "died" and first["kind"] == "engine_dead"
+    assert first["exit_code"] == 0
+    assert first["argv"] == second["argv"]
+    assert s["changed_flags"] == {}
+    assert g.terminate() == 0
+
+
+def test_killed_engine_process_is_detected(run):
+    """SIGKILL of the VLLM::EngineCore while serving: the guard relaunches, same flags."""
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
+    s = g.wait_healthy(launches=1)
+    engines = [p for p in marked(g.state_dir) if p.name().startswith("VLLM::EngineCore")]
+    assert engines, "the fake vLLM forks a VLLM::EngineCore"
+    engines[0].kill()
+    s = g.wait_healthy(launches=2)
+    assert s["launches"][0]["kind"] == "engine_dead"
+    assert s["launches"][0]["argv"] == s["launches"][1]["argv"]
+    assert g.terminate() == 0
+
+
+def test_hung_server_is_restarted(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B, "hang_after": 0.3, "death_count": 1},
+            vllm_args=["--max-model-len", "8192"])
+    s = g.wait_for(lambda s: len(s["launches"]) >= 2 and s["launches"][0]["outcome"] == "died",
+                   60, "a relaunch after the hang")
+    assert s["launches"][0]["kind"] == "engine_dead"
+    assert "probes failed" in s["launches"][0]["evidence"]
+    assert s["launches"][0]["argv"] == s["launches"][1]["argv"]
+    assert g.terminate() == 0
+
+
+def test_sigterm_leaves_nothing_even_when_vllm_ignores_sigterm(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B, "ignore_sigterm": True},
+            vllm_args=["--max-model-len", "8192"])
+    g.wait_healthy(launches=1)
+    assert marked(g.state_dir), "vLLM and its engine carry the launch marker"
+    assert g.terminate(timeout=30) == 0
+    assert marked(g.state_dir) == []
+
+
+def test_budget_exhausted_exits_75(run):
+    bad = ROOT / "tests" / "fixtures" / "logs" / "real-0.32" / "engine-core-killed-while-serving.log"
+    g = run({"version": "0.32.0", "replay": str(bad), "heal_when": {"flag": "--never-given"},
+             "replay_exit": 0}, guard_args=["--max-launches", "3"])
+    assert g.wait_exit() == 75
+    assert g.output().count("launch 3:") == 1 and "launch 4:" not in g.output()
+    assert "3 launches in a row failed" in g.output()
+
+
+def test_restart_requires_the_token(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
+    g.wait_healthy(launches=1)
+    assert g.post("/restart").status_code == 401
+    assert g.post("/restart", token="wrong").status_code in (401, 403)
+    assert g.post("/restart", token=g.token).status_code == 202
+    s = g.wait_healthy(launches=2)
+    assert s["launches"][0]["outcome"] == "restart"
+    assert g.post("/stop", token=g.token).status_code == 202
+    assert g.wait_exit() == 0
+
+
+def test_second_guard_on_the_same_state_dir_refuses(run, tmp_path):
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
+    g.wait_healthy(launches=1)
+    other = run({"version": "0.32.0"}, state_dir=g.state_dir)
+    code = other.wait_exit()
+    assert code != 0
+    assert str(g.proc.pid) in other.output()
+    assert g.terminate() == 0

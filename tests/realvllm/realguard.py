@@ -45,6 +45,9 @@ def free_port() -> int:
 
 
 def guard_exe() -> str:
+    """``$VLLM_GUARD_EXE``, else the ``vllm-guard`` beside the test interpreter, else on PATH."""
+    if os.environ.get("VLLM_GUARD_EXE"):
+        return os.environ["VLLM_GUARD_EXE"]
     here = Path(sys.executable).parent / "vllm-guard"
     if here.exists():
         return str(here)

@@ -878,7 +878,7 @@ class Engine:
                            block_size=sc.block_size, activation_gib=0.0, cudagraph_gib=0.0, context_gib=0.0,
                            non_torch_gib=0.0, env=dict(os.environ))
         n = out.numbers
-        self.worker = subprocess.Popen(["VLLM::Worker", os.path.abspath(__file__), WORKER_ARG],
+        self.worker = subprocess.Popen(["VLLM::Worker", os.path.abspath(__file__), WORKER_ARG, str(os.getpid())],
                                        executable=self.spec.get("python") or os.readlink("/proc/self/exe"),
                                        stdin=subprocess.DEVNULL)
         wlog = Log(v, "Worker", pid=self.worker.pid)
@@ -960,19 +960,21 @@ class Engine:
         tb = traceback_text(body, exc.rstrip("\n"))
         if v >= (0, 8, 5):
             self.log.error("core.py:1519", "EngineCore encountered a fatal error.\n" + tb)
+            # run_engine_core re-raises: multiprocessing prints it raw, and the process exits 1
+            self.log.raw(f"Process {engine_mp_name(v, 'v1')}:\n" + process_traceback(tb), fd=2)
         else:
             self.log.error("core.py:387", "EngineCore hit an exception: " + tb)
         os._exit(1)
 
 
-def worker_child_main() -> None:
+def worker_child_main(parent_pid: str) -> None:
     """Entry of the CPU backend's ``VLLM::Worker`` (a child of EngineCore): idles, leaves with its parent."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, b"VLLM::Worker", 0, 0, 0)
     except (OSError, AttributeError):
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+    parent = int(parent_pid)   # from the engine: it may be gone before this interpreter is up
     while os.getppid() == parent:
         time.sleep(0.05)
     Log(Scenario(json.loads(os.environ["FAKE_VLLM_ENGINE_SPEC"])["scenario"]).v, "Worker").info(
@@ -991,7 +993,7 @@ def engine_child_main() -> None:
     gen = spec["engine"]
     log = Log(sc.v, engine_proc_name(sc.v, gen))
     ready_fd = int(spec["ready_fd"])
-    parent = os.getppid()
+    parent = int(spec.get("api_pid") or os.getppid())   # the API server may be gone before we are up
     stop = threading.Event()
     holder: dict = {}
 
@@ -1195,7 +1197,7 @@ class Api:
             dies = self.sc.death_count is None or before < int(self.sc.death_count)
         spec = {"scenario": self.sc.raw, "flags": self.launch.flags, "model": self.launch.model,
                 "served": self.launch.served, "version": self.sc.version, "ready_fd": w, "engine": self.gen,
-                "die": dies, "python": sys.executable}
+                "die": dies, "python": sys.executable, "api_pid": os.getpid()}
         env = dict(os.environ, FAKE_VLLM_ENGINE_SPEC=json.dumps(spec))
         preexec = None
         if not self.sc.engine_survives_parent:
@@ -1613,7 +1615,7 @@ def main(argv: list[str]) -> int:
         engine_child_main()
         return 0
     if argv[:1] == [WORKER_ARG]:
-        worker_child_main()
+        worker_child_main(argv[1])
         return 0
     sc = load_scenario()
     if argv[:1] in (["--version"], ["-v"]) and sc.v >= (0, 6, 5):

@@ -31,6 +31,7 @@ from supervisor import sdnotify, startup
 log = structlog.get_logger("vllm-guard")
 
 MANAGED = ("--host", "--port", "--model")
+EX_SOFTWARE = 70
 
 
 @dataclass
@@ -150,6 +151,9 @@ class Guard:
         except ConfigError as e:
             log.error(f"configuration error: {e}")
             self.exit_reason, code = str(e), EX_CONFIG
+        except Exception as e:      # a bug in the guard: still stop vLLM, leave nothing behind
+            log.exception(f"internal error: {type(e).__name__}: {e}")
+            self.exit_reason, code = f"internal error: {e}", EX_SOFTWARE
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.remove_signal_handler(sig)
@@ -212,12 +216,12 @@ class Guard:
                 return self._give_up(
                     f"{fails_without_health} launches in a row failed without becoming healthy "
                     f"(last: {d.kind}: {d.evidence[:200]})", EX_TEMPFAIL,
-                    "see the diagnosis above; raise --max-launches to keep trying")
+                    "see the diagnosis above; raise --max-launches to keep trying", d)
             if result.was_healthy and runtime_deaths > cfg.backoff.crash_loop_limit:
                 return self._give_up(
                     f"vLLM died {runtime_deaths} times in a row soon after becoming healthy "
                     f"(last: {d.kind}: {d.evidence[:200]})", EX_TEMPFAIL,
-                    "look at the vLLM output above; the engine keeps crashing")
+                    "look at the vLLM output above; the engine keeps crashing", d)
             tried.append(decision.step)
             previous.append(d)
             if decision.step == "port_retry":

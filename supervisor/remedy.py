@@ -205,6 +205,15 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                 changes.append(Change(MML, current.get(MML), str(doubled),
                                       f"about {doubled} tokens fit with fp8 KV"))
             return Relaunch(flags, tuple(changes), changes[0].why, step="kv_cache_fp8")
+    # Still below the floor: free memory for the KV cache (eager mode, a smaller batch) first.
+    for step in ("enforce_eager", "max_num_batched_tokens"):
+        if f"kv_small:{step}" in ctx.tried:
+            continue
+        freed = _no_kv_step(step, d, current, ctx)
+        if freed is not None:
+            return Relaunch(freed.flags, freed.changes,
+                            f"only {fit} tokens fit, below the floor of {floor}; " + freed.why,
+                            step=f"kv_small:{step}")
     return GiveUp(
         f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
         + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),

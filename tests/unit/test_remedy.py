@@ -76,9 +76,17 @@ def test_below_floor_tries_fp8_then_gives_up():
     assert isinstance(out, R.Relaunch) and out.step == "kv_cache_fp8"
     assert out.flags.get("--kv-cache-dtype") == "fp8"
     assert out.flags.get("--max-model-len") == "3000" or out.flags.get("--max-model-len") == "2992"
-    # with fp8 in place, still below the floor: give up with the KV message
+    # with fp8 in place, still below the floor: free memory (eager, smaller batch), then give up
     d2 = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=2992, fit_max_model_len=1000)
-    out2 = R.decide(d2, out.flags, ctx(tried=("kv_cache_fp8",)))
+    tried = ["kv_cache_fp8"]
+    flags = out.flags
+    for expected in ("kv_small:enforce_eager", "kv_small:max_num_batched_tokens"):
+        nxt = R.decide(d2, flags, ctx(tried=tuple(tried)))
+        assert isinstance(nxt, R.Relaunch) and nxt.step == expected
+        assert nxt.flags.get("--max-model-len") == "2992"      # the length is not cut below the floor
+        tried.append(nxt.step)
+        flags = nxt.flags
+    out2 = R.decide(d2, flags, ctx(tried=tuple(tried)))
     assert isinstance(out2, R.GiveUp) and out2.exit_code == R.EX_TEMPFAIL
     assert "floor" in out2.reason
 
@@ -96,7 +104,8 @@ def test_fp8_refused_after_we_added_it_gives_up_with_kv_message():
 
 def test_fp8_not_tried_when_known_unsupported():
     d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=1500)
-    out = R.decide(d, Flags.parse(""), ctx(fp8_supported=False))
+    out = R.decide(d, Flags.parse("--enforce-eager --max-num-batched-tokens 512"),
+                   ctx(fp8_supported=False))
     assert isinstance(out, R.GiveUp)
 
 

@@ -1,0 +1,214 @@
+"""The scenario matrix: real model configs x GPUs x requested contexts x vLLM generations.
+
+Each model's emulator spec is derived from the same config.json the guard's plan reads
+(:func:`supervisor.modelinfo.load_model_info`), so the plan and the emulator agree on the model.
+"The largest context that fits" is found by searching the emulator itself (:func:`reference_fit`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from supervisor.flags import Flags
+from supervisor.gpu import fp8_kv_supported
+from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info
+from supervisor.plan import kv_bytes_per_token
+
+from benchmarks.render import CONTEXT_GIB, emu, simulate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = 1 << 30
+MIN_LEN = 2048     # the guard's floor (RemedyConfig.min_model_len); below it a case counts as unhealable
+
+
+@dataclass(frozen=True)
+class Model:
+    """A checkpoint of the matrix: its config directory and the flags it is always launched with."""
+
+    key: str                 # short label
+    name: str                # the Hugging Face id (what --model says)
+    path: str                # directory with config.json and model.safetensors.index.json
+    base: tuple[str, ...] = ()    # e.g. ("--tensor-parallel-size", "2")
+    gpus: int = 1
+    v0: bool = True          # launchable on the V0 generation of the matrix
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU (or a node of identical GPUs) and the memory other processes hold on each."""
+
+    key: str
+    name: str
+    total_gib: float         # as torch.cuda.mem_get_info reports it (vllm-memory-model.md §0)
+    cc: tuple[int, int]
+    other_gib: float = 0.0
+    count: int = 1
+
+    def spec(self) -> "emu.GpuSpec":
+        return emu.GpuSpec(total_gib=self.total_gib, other_used_gib=self.other_gib, cc=self.cc,
+                           count=self.count)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell of the matrix."""
+
+    model: Model
+    gpu: Gpu
+    context: str             # "default" | "32k" | "8k"
+    version: str
+    requested: Flags = field(default_factory=Flags)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.key} | {self.gpu.key} | {self.context} | {self.version}"
+
+
+def _fixture(name: str) -> str:
+    return os.path.join(ROOT, "tests", "fixtures", "models", name)
+
+
+MODELS = (
+    Model("Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", _fixture("Llama-3.1-8B-Instruct")),
+    Model("Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct", _fixture("Qwen2.5-7B-Instruct")),
+    Model("Qwen2.5-14B", "Qwen/Qwen2.5-14B-Instruct",
+          os.path.join(ROOT, "benchmarks", "models", "Qwen2.5-14B-Instruct")),
+    Model("Qwen2.5-32B-AWQ", "Qwen/Qwen2.5-32B-Instruct-AWQ", _fixture("Qwen2.5-32B-Instruct-AWQ")),
+    Model("Llama-3.3-70B-AWQ TP2", "casperhansen/llama-3.3-70b-instruct-awq",
+          _fixture("Llama-3.3-70B-Instruct-AWQ"), ("--tensor-parallel-size", "2"), gpus=2),
+    # MLA: V0 of the matrix's era (0.6.x) ran DeepSeek-V2 without MLA, so only the V1 versions.
+    Model("DeepSeek-V2-Lite (MLA)", "deepseek-ai/DeepSeek-V2-Lite", _fixture("DeepSeek-V2-Lite"),
+          ("--trust-remote-code",), v0=False),
+)
+
+# Totals as torch reports them: T4 14.75, L4 22.06 (§0), L40S 44.52, H100 79.19 GiB.
+T4 = Gpu("T4 16GB", "Tesla T4", 14.75, (7, 5))
+L4 = Gpu("L4 24GB", "NVIDIA L4", 22.06, (8, 9))
+L4_BUSY = Gpu("L4 24GB, 3 GiB held", "NVIDIA L4", 22.06, (8, 9), other_gib=3.0)
+L40S = Gpu("L40S 48GB", "NVIDIA L40S", 44.52, (8, 9))
+H100 = Gpu("H100 80GB", "NVIDIA H100 80GB HBM3", 79.19, (9, 0))
+H100_BUSY = Gpu("H100 80GB, 20 GiB held", "NVIDIA H100 80GB HBM3", 79.19, (9, 0), other_gib=20.0)
+
+
+def _pair(g: Gpu) -> Gpu:
+    return Gpu("2x " + g.key, g.name, g.total_gib, g.cc, g.other_gib, count=2)
+
+
+GPUS_FOR = {
+    "Llama-3.1-8B": (L4, L4_BUSY, L40S, H100),
+    "Qwen2.5-7B": (T4, L4, L4_BUSY, L40S),
+    "Qwen2.5-14B": (L40S, H100, H100_BUSY),
+    "Qwen2.5-32B-AWQ": (L4, L4_BUSY, L40S),
+    "Llama-3.3-70B-AWQ TP2": (_pair(L4), _pair(L40S), _pair(H100)),
+    "DeepSeek-V2-Lite (MLA)": (L40S, H100, H100_BUSY),
+}
+
+#: One vLLM per generation: V0 (0.6.6), V1 that prints the estimate but sizes CUDA graphs outside
+#: its budget (0.10.1.1, so graph capture can run out of memory), V1 that counts graphs (0.32.0).
+VERSIONS = ("0.6.6.post1", "0.10.1.1", "0.32.0")
+CONTEXTS = {"default": None, "32k": 32768, "8k": 8192}
+
+
+@lru_cache(maxsize=None)
+def model_info(path: str) -> ModelInfo:
+    info = load_model_info(path)
+    assert info is not None, f"no config.json in {path}"
+    return info
+
+
+def model_spec(model: Model, version: str) -> "emu.ModelSpec":
+    """The emulator's view of ``model``, from the same config.json the plan reads."""
+    info = model_info(model.path)
+    return emu.ModelSpec(
+        name=model.name, weights_gib=(info.weights_bytes or 0) / GiB,
+        kv_bytes_per_token=kv_bytes_per_token(info), num_kv_heads=info.num_kv_heads,
+        derived_max_model_len=derive_max_model_len(info, version), vocab=info.vocab_size,
+        hidden=info.hidden_size, intermediate=info.intermediate_size, mla=info.mla)
+
+
+def cases() -> list[Case]:
+    """The whole matrix (contexts equal to the model's own default are not repeated)."""
+    out = []
+    for model in MODELS:
+        for gpu in GPUS_FOR[model.key]:
+            for version in VERSIONS:
+                if not model.v0 and emu.vtuple(version) < (0, 8, 0):
+                    continue
+                derived = derive_max_model_len(model_info(model.path), version)
+                for context, length in CONTEXTS.items():
+                    if length is not None and length >= derived:
+                        continue      # the same launch as "default"
+                    flags = Flags.parse(list(model.base))
+                    if length is not None:
+                        flags = flags.set("--max-model-len", str(length))
+                    out.append(Case(model, gpu, context, version, flags))
+    return out
+
+
+# -- the largest context that fits ------------------------------------------------------------
+def _largest(ok, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi] with ok(n), for ok monotone (true then false); 0 if none."""
+    if lo > hi or not ok(lo):
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The reference: the largest --max-model-len that serves, and the flags it needs."""
+
+    length: int
+    flags: Flags
+
+
+def reference_fit(case: Case) -> Fit:
+    """Search the emulator for the largest context (<= the request) a careful person could serve.
+
+    Tiers, each tried only when the one before cannot serve ``MIN_LEN`` tokens: CUDA graphs on,
+    then --enforce-eager, then fp8 KV (where the GPU and version take it), then both. In every
+    tier: any --max-model-len, and the user's (default) utilization, or the highest 0.01 step
+    that free memory allows when other processes hold some. Not allowed: smaller batches or a
+    utilization above the default (they trade safety for context). V0 profiles the whole context
+    unchunked up to 32768, so the length is searched on each side of that switch.
+    """
+    spec = model_spec(case.model, case.version)
+    gpu = case.gpu.spec()
+    cap = case.requested.get_int("--max-model-len") or spec.derived_max_model_len
+    default = float(emu.default_utilization(case.version))
+    util = case.requested.get_float("--gpu-memory-utilization") or default
+    free_frac = (gpu.total_gib - gpu.other_used_gib - CONTEXT_GIB) / gpu.total_gib
+    utils = [util] + ([math.floor(free_frac * 100) / 100] if free_frac < util else [])
+    tiers = [(False, False), (True, False)]
+    if fp8_kv_supported(case.gpu.cc, case.version, spec.mla):
+        tiers += [(False, True), (True, True)]
+    for eager, fp8 in tiers:
+        best = Fit(0, case.requested)
+        for u in utils:
+            flags = case.requested.set("--gpu-memory-utilization", f"{u:.2f}") if u != util \
+                else case.requested
+            if eager:
+                flags = flags.set("--enforce-eager")
+            if fp8:
+                flags = flags.set("--kv-cache-dtype", "fp8")
+
+            def ok(n: int, flags: Flags = flags) -> bool:
+                return simulate(spec, gpu, case.version, flags.set("--max-model-len", str(n))).ok
+
+            for lo, hi in ((32769, cap), (1, min(cap, 32768))):
+                n = _largest(ok, lo, hi)
+                if n > best.length:
+                    best = Fit(n, flags.set("--max-model-len", str(n)))
+                if n:
+                    break
+        if best.length >= MIN_LEN:
+            return best
+    return Fit(0, case.requested)

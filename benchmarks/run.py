@@ -1,0 +1,160 @@
+"""``scripts/bench``: run the matrix and the overhead measurements, print the tables, write the report.
+
+    scripts/bench                  # everything (about 4 minutes on 2 cores), writes benchmarks/REPORT.md + policies.png
+    scripts/bench --matrix-only    # the policy comparison alone (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from typing import Any
+
+from benchmarks import matrix, report
+from benchmarks.policies import MAX_LAUNCHES, run_all
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_matrix(cases: list[matrix.Case]) -> list[report.Result]:
+    """Every policy on every case, with the reference fit of each."""
+    return [report.Result(c, matrix.reference_fit(c), run_all(c)) for c in cases]
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def overhead_section(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from benchmarks import overhead
+
+    data: dict[str, Any] = {}
+    _say(f"supervising a healthy fake vLLM for {args.supervise_seconds:g} s ...")
+    data["supervise"] = s = overhead.supervise(args.supervise_seconds, 10.0)
+    _say(f"classifier on a {args.classifier_lines:,}-line log ...")
+    data["classifier"] = c = overhead.classifier_throughput(args.classifier_lines)
+    _say(f"fatal line -> SIGTERM, {args.latency_runs} runs, collection window 0 s ...")
+    data["react0"] = r0 = overhead.reaction_latency(0.0, args.latency_runs, 1)
+    _say(f"fatal line -> SIGTERM, {args.latency_runs} runs, collection window 2 s (2 at a time) ...")
+    data["react2"] = r2 = overhead.reaction_latency(2.0, args.latency_runs, 2)
+    rows = [
+        {"measure": f"supervising a healthy server for {s['seconds']:g} s (--health-interval {s['health_interval']:g})",
+         "figure": f"guard CPU {s['cpu_s']:.3f} s ({s['cpu_percent']:.2f}% of one core); peak RSS (VmHWM) "
+                   f"{s['peak_rss_mib']:.1f} MiB; still {s['state_after']} at the end"},
+        {"measure": f"Classifier().feed on a {c['lines']:,}-line vLLM 0.32 log, one core",
+         "figure": f"{c['lines_per_s']:,} lines/s wall ({c['wall_s']} s; CPU {c['cpu_s']} s = "
+                   f"{int(c['lines'] / max(c['cpu_s'], 1e-9)):,} lines per CPU-second); verdict {c['verdict']}"},
+        {"measure": f"fatal line -> SIGTERM, collect_after_fatal=0 ({r0['runs']} runs)",
+         "figure": f"median {r0['median_ms']} ms, p99 {r0['p99_ms']} ms (min {r0['min_ms']}, max {r0['max_ms']})"},
+        {"measure": f"fatal line -> SIGTERM, default 2 s collection window ({r2['runs']} runs, {r2['parallel']} at a time)",
+         "figure": f"median {r2['median_ms']} ms, p99 {r2['p99_ms']} ms (min {r2['min_ms']}, max {r2['max_ms']})"},
+    ]
+    return report.table(rows), data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--matrix-only", action="store_true", help="skip the guard's overhead measurements")
+    ap.add_argument("--out", default=HERE, help="where REPORT.md and policies.png go (default: benchmarks/)")
+    ap.add_argument("--supervise-seconds", type=float, default=60.0)
+    ap.add_argument("--classifier-lines", type=int, default=1_000_000)
+    ap.add_argument("--latency-runs", type=int, default=100)
+    args = ap.parse_args(argv)
+    from benchmarks.overhead import machine
+
+    t0 = time.monotonic()
+    cases = matrix.cases()
+    _say(f"{len(cases)} cases x {len(report.POLICIES)} policies ...")
+    results = run_matrix(cases)
+    matrix_s = time.monotonic() - t0
+    figs = report.figures(results)
+    healable = sum(r.healable for r in results)
+    policy_md = report.policy_table(figs)
+    h2h = {g: report.head_to_head(results, g) for g in (report.PLAN, report.GUARD)}
+    ahead_md = "\n\n".join(f"**{g}** against each baseline (\"A vs B\"; launches, time and context on the "
+                            f"cases both healed):\n\n" + report.table(rows) for g, rows in h2h.items())
+    behind = sum(report.behind(rows) for rows in h2h.values())
+    missed = report.misses(results)
+    print(f"## Healing: {len(results)} cases ({healable} healable), {MAX_LAUNCHES} launches at most\n")
+    print(policy_md + "\n")
+    print(ahead_md + "\n")
+    print(f"figures where vllm-guard is behind a baseline: {behind}; "
+          f"vllm-guard targets missed: {len(missed)} (see REPORT.md)\n")
+    overhead_md, data = ("(skipped: --matrix-only)", {}) if args.matrix_only else overhead_section(args)
+    if not args.matrix_only:
+        print("## Cost of the guard\n\n" + overhead_md + "\n")
+    m = machine()
+    os.makedirs(args.out, exist_ok=True)
+    png = os.path.join(args.out, "policies.png")
+    report.plot(results, figs, png)
+    total = time.monotonic() - t0
+    md = f"""# vllm-guard benchmarks
+
+Written by `scripts/bench` on {datetime.date.today().isoformat()}; machine: {m['cpu']}, {m['cores']} cores,
+Python {m['python']}, {m['os']}. Matrix {matrix_s:.1f} s, whole run {total:.0f} s.
+
+![policies](policies.png)
+
+## Healing quality
+
+{len(results)} cases: {len(matrix.MODELS)} models (real config.json values) x GPUs x requested context
+(default from config, 32k, 8k; a 32k request is left out where the model's own default is not larger) x
+vLLM {", ".join(matrix.VERSIONS)} (V0; V1 that prints the estimate but captures CUDA graphs outside its
+budget; V1 that counts graph memory). {healable} are healable: something at least {matrix.MIN_LEN} tokens
+long serves. Each launch's outcome comes from the memory emulator (`tests/fakes/emulator.py`); for
+vllm-guard the failure is printed as the fake vLLM prints it for that version, classified by
+`supervisor.diagnosis.Classifier`, and the next flags come from `supervisor.remedy.decide` with the
+loop state of `Guard._supervise`. "+ plan": the first flags come from `supervisor.plan.first_launch`
+(GPU total and free memory known, as from NVML). Every policy gets at most {MAX_LAUNCHES} launches
+(Ollama's ladder retries once).
+
+Baselines: plain restart (`Restart=always`: the same flags again); halving ladder (halve
+`--max-model-len`, starting from config.json's length); Ollama's ladder (> 32k -> 32768, else > 4k ->
+4096, one retry); multiplicative (utilization x 0.85 and length x 0.75 per try).
+
+"Context kept" is the served `--max-model-len` over the largest that fits, found by searching the
+emulator: CUDA graphs on, then `--enforce-eager`, then fp8 KV, then both (each tier only if the one
+before cannot serve {matrix.MIN_LEN} tokens), with the default utilization or the highest that free
+memory allows. Launches and time are over the cases each policy healed.
+
+{policy_md}
+
+{ahead_md}
+
+{report.COSTS_TEXT}
+
+### Where vllm-guard misses its targets
+
+Targets: heal every healable case, in at most 2 launches without the plan and 1 with it, keeping at
+least 95% of the context that fits. {len(missed)} misses:
+
+{chr(10).join(x.text() for x in missed) or "none"}
+
+## Cost of the guard
+
+{overhead_md}
+
+Supervision: the real `vllm-guard start` against `tests/fakes/fake_vllm.py`, measured with psutil
+(`cpu_times`) over the healthy window only, and VmHWM from `/proc/<pid>/status` for the whole life.
+Reaction: `supervisor.launch.Watcher` around `supervisor.child.Child` and a real child
+(`benchmarks/latency_child.py`) that stamps CLOCK_MONOTONIC before printing a fatal vLLM line on
+stderr and again in its SIGTERM handler.
+
+<details><summary>Every case: launches used and the length served (- = not healed)</summary>
+
+{report.table(report.case_rows(results))}
+
+</details>
+"""
+    with open(os.path.join(args.out, "REPORT.md"), "w", encoding="utf-8") as fh:
+        fh.write(md)
+    _say(f"wrote {os.path.join(args.out, 'REPORT.md')} and {png} in {total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

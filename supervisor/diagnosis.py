@@ -55,12 +55,13 @@ _HEADER = re.compile(
 _RANK = re.compile(r"(?:rank=|TP|rank)(\d+)")
 # Where to cut a log that was pasted with its line breaks lost.
 _SPLIT = re.compile(
-    r"\s+(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
+    r"(?<=\S)\s++(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
     r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
-    r"|File \"|(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): )"
+    r"|File \")"
 )
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+, in ([\w<>.]+)')
-_EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed)(?::|$)")
+_EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
+_RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
 
 # --------------------------------------------------------------------------- numbers
 _F = r"(-?\d+(?:\.\d+)?)"
@@ -87,8 +88,10 @@ _RX_KV_V1 = re.compile(r"max seq len \((\d+)\), \(" + _F + r" Gi?B KV cache is n
                        r"larger than the available KV cache memory \(" + _F + r" Gi?B\)")
 _RX_KV_EST = re.compile(r"estimated maximum model length is (\d+)")
 _RX_FREE = re.compile(r"Free memory on device(?: \S+)? \(" + _F + "/" + _F + r" GiB\) on startup is "
-                      r"less than (?:desired GPU memory utilization|the engine's budget[^(]*)\("
+                      r"less than (?:desired GPU memory utilization|the engine's budget[^(]*?)\s*\("
                       + _F + ", " + _F + r" GiB\)")
+_RX_NODE = re.compile(r"Available memory on node \d+ \(" + _F + "/" + _F + r" GiB\) on kv cache allocation is "
+                      r"less than requested memory for kv \(" + _F + r" GiB\)")
 _RX_EXT = re.compile(r"exceed the desired GPU memory utilization \(" + _F + ", " + _F + r" GiB\)")
 _RX_PROF = re.compile(r"Initial free memory " + _F + r" ?GiB, current free memory " + _F + " ?GiB")
 _RX_TRIED = re.compile(r"Tried to allocate " + _F + r" ?(GiB|MiB|KiB|B|GB|MB)")
@@ -102,8 +105,8 @@ _RX_WORLD = re.compile(r"(?:World|Tensor parallel) size \((\d+)\) (?:is|cannot b
                        r"number of available GPUs \((\d+)\)")
 
 _RX_VERSION = (
-    re.compile(r"vLLM (?:API )?server version v?(\d[\w.+-]*)"),
-    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\d[\w.+-]*)\)"),
+    re.compile(r"vLLM (?:API )?server version v?(\d+\.\d+[\w.+-]*)"),
+    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\d+\.\d+[\w.+-]*)\)"),
 )
 _RX_LOGO = re.compile(r"(?:^|\s)version\s+v?(\d+\.\d+[\w.+-]*)")
 _RX_BLOCK = re.compile(r"(?<![\w])block_size['\"]?\s*[=:]\s*(\d+)")
@@ -122,7 +125,7 @@ _RX_SERVED = re.compile(r"Using max model len (\d+)")
 def _info_numbers(text: str) -> dict[str, Any]:
     """Numbers stated by milestone and configuration lines (not failures)."""
     out: dict[str, Any] = {}
-    if "version" in text:
+    if "version" in text or "engine (v" in text:
         for rx in _RX_VERSION:
             m = rx.search(text)
             if m:
@@ -196,6 +199,10 @@ def _free_numbers(text: str) -> dict[str, Any]:
         out["free_gib"], out["total_gib"] = float(m.group(1)), float(m.group(2))
         out["requested_utilization"], out["requested_gib"] = float(m.group(3)), float(m.group(4))
         return out
+    m = _RX_NODE.search(text)   # the CPU backend: KV space asked for vs. the NUMA node's free memory
+    if m:
+        out["free_gib"], out["total_gib"], out["requested_gib"] = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        return out
     m = _RX_EXT.search(text)
     if m:
         out["requested_utilization"], out["requested_gib"] = float(m.group(1)), float(m.group(2))
@@ -237,7 +244,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
      Kind.KV_CACHE_INSUFFICIENT, 30, _kv_numbers),
     (("Cannot auto-fit max_model_len", "No available memory for the cache blocks"),
      Kind.NO_KV_CACHE_MEMORY, 30, None),
-    (("on startup is less than", "Externally held weights on device", "Error in memory profiling"),
+    (("on startup is less than", "Externally held weights on device", "Error in memory profiling",
+      "on kv cache allocation is less than requested memory"),
      Kind.INSUFFICIENT_FREE_MEMORY, 30, _free_numbers),
     (("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
       "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
@@ -248,6 +256,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
       "Invalid repository ID or local directory", "is not a local folder and is not a valid model identifier",
       "Repository Not Found for url", "Could not detect config format", "does not appear to have a file named",
+      "Repo id must be in the form", "HFValidationError", "LocalEntryNotFoundError",
+      "Cannot find an appropriate cached snapshot folder",
       "Cannot access gated repo", "You are trying to access a gated repo", "You must be authenticated to access it",
       "Please enable access to public gated repositories", "401 Client Error", "403 Client Error",
       "are not supported for now", "Cannot find model module", "No model architectures are specified",
@@ -350,10 +360,9 @@ class Classifier:
         self._frame_phase: str | None = None
         self._last_exc = ""          # last unrecognised exception line (evidence for wrappers)
         self._exc_after_wrapper = ""
-        self._join = ""              # the hard-wrapped record being re-assembled
-        self._join_level, self._join_rank = _RAW, None
+        self._pending: tuple[str, int, int | None, bool] | None = None   # a wrapped record being re-joined
         self._prev_width = 0
-        self._since_long = 0         # lines since one longer than the wrap width (wrap detection)
+        self._near_width = 0         # lines 70-80 columns wide: with none longer, the log was wrapped
         self._long_seen = False
 
     # ------------------------------------------------------------------ public
@@ -381,6 +390,10 @@ class Classifier:
 
     def diagnose(self, exit_code: int | None = None) -> Diagnosis:
         """The final verdict over everything seen; ``exit_code`` None means still running."""
+        self._flush()
+        return self._verdict(exit_code)
+
+    def _verdict(self, exit_code: int | None) -> Diagnosis:
         if self._best is not None:
             prio, kind, evidence, nums, phase = self._best
             if prio <= 10 and (self._last_exc or self._exc_after_wrapper):
@@ -413,63 +426,97 @@ class Classifier:
             self._physical(line)
         if self._best is not before and self._best is not None and not self._announced:
             self._announced = True
-            return self.diagnose()
+            return self._verdict(None)
         return None
 
     def _physical(self, seg: str) -> None:
+        if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
+            seg = _ANSI.sub("", seg)
         if len(seg) > 400 and _SPLIT.search(seg, 1):
+            # A log pasted with its line breaks lost: cut it back into records, keeping each
+            # process tag or log header together with the message that follows it.
+            carry = ""
             for piece in _SPLIT.split(seg):
-                if piece:
-                    self._one(piece)
+                if not piece:
+                    continue
+                if len(carry) < 256 and not _strip(carry + piece)[0].strip():
+                    carry += piece + " "
+                    continue
+                self._one(carry + piece, pasted=True)
+                carry = ""
+            if carry:
+                self._one(carry, pasted=True)
         else:
             self._one(seg)
 
-    def _one(self, seg: str) -> None:
-        if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
-            seg = _ANSI.sub("", seg)
+    def _one(self, seg: str, pasted: bool = False) -> None:
         width = len(seg)
         text, level, rank = _strip(seg)
         self.lines.append(text[:_KEEP])
         if width > _WRAP_WIDTH:
-            self._since_long, self._long_seen = 0, True
+            self._long_seen = True
+        elif width >= 70:
+            self._near_width += 1
+        # A log copied from an 80-column terminal: a header-less line after an 80-ish one
+        # continues the record. Once the log is known to be wrapped (no line ever longer, several
+        # close to the width) a record is classified only when whole; before that each piece is
+        # classified as it comes and the growing record again, so nothing waits on a live pipe.
+        maybe_wrapped = not self._long_seen
+        confirmed = maybe_wrapped and self._near_width >= 3
+        if self._pending is not None:
+            ptext, plevel, prank, done = self._pending
+            if (maybe_wrapped and level == _RAW and 60 <= self._prev_width <= _WRAP_WIDTH
+                    and not text.lstrip().startswith(_RECORD_STARTS) and not _EXC.match(text)
+                    and (self._prev_width == _WRAP_WIDTH or not ptext.startswith("    "))):
+                joined = ptext + text if self._prev_width == _WRAP_WIDTH else ptext.rstrip() + " " + text.lstrip()
+                prank = prank if prank is not None else rank
+                self._pending = (joined[:_JOIN_CAP], plevel, prank, done and not confirmed)
+                if not confirmed:
+                    self._line(text, plevel, prank)
+                    self._line(self._pending[0], plevel, prank)
+                self._prev_width = width
+                return
+            self._flush()
+        if maybe_wrapped and 60 <= width <= _WRAP_WIDTH and not pasted:
+            self._pending = (text, level, rank, not confirmed)
+            if not confirmed:
+                self._line(text, level, rank)
         else:
-            self._since_long += 1
-        # A terminal hard-wraps at 80 columns: a header-less line after an 80-ish one continues it.
-        wrapped_log = not self._long_seen or self._since_long > 256
-        if (wrapped_log and self._join and level == _RAW
-                and 60 <= self._prev_width <= _WRAP_WIDTH and not text.lstrip().startswith(("File \"", "Traceback"))):
-            sep = "" if self._prev_width == _WRAP_WIDTH else " "
-            self._join = (self._join + sep + text.lstrip())[:_JOIN_CAP]
-            level, rank = self._join_level, rank if rank is not None else self._join_rank
-            self._line(text, level, rank)
-            self._line(self._join, level, rank, joined=True)
-        else:
-            self._join = text if wrapped_log else ""
-            self._join_level, self._join_rank = level, rank
-            self._line(text, level, rank)
+            self._line(text, level, rank, pasted)
         self._prev_width = width
 
-    def _line(self, text: str, level: int, rank: int | None, joined: bool = False) -> None:
+    def _flush(self) -> None:
+        if self._pending is not None:
+            text, level, rank, done = self._pending
+            self._pending = None
+            if not done:
+                self._line(text, level, rank)
+
+    def _line(self, text: str, level: int, rank: int | None, pasted: bool = False) -> None:
         stripped = text.lstrip()
-        if stripped.startswith("File \"") and not joined:
+        if stripped.startswith("File \""):
             m = _FRAME.match(stripped)
             if m:
                 where = _FRAME_PHASE.get(m.group(2).rsplit(".", 1)[-1])
                 if where and not (where == "serving" and self._frame_phase not in (None, "serving")):
                     self._frame_phase = where
-                elif "cuda_graph" in m.group(1) or "cudagraph" in m.group(1) or "torch/cuda/graphs" in m.group(1):
+                elif "torch/cuda/graphs" in m.group(1):   # only real capture enters torch.cuda.graph
                     self._frame_phase = "cudagraph"
-            if len(text) < 300:
-                return
+                rest = stripped[m.end():]
+                if len(rest) > 40 and ("Error" in rest or "Exception" in rest):   # a paste that lost its breaks
+                    self._check(rest, level, rank)
+            return
         elif stripped.startswith("Traceback (most recent call last)"):
             self._frame_phase = None
             return
-        if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text
+        if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text or "engine (v" in text
                                 or "max_seq_len=" in text or (self._phase <= 1 and "version" in text)):
             self._milestone(text)
-        if level == _INFO or (text.startswith("    ") and len(text) < 300):
+        if level == _INFO and not pasted and "error: " in text:
+            pasted = True   # an argparse error glued to an INFO record (a paste without line breaks)
+        if (level == _INFO and not pasted) or (text.startswith("    ") and len(text) < 300):
             return   # INFO/DEBUG records and traceback source lines never carry a failure
-        self._check(text, level, rank, joined)
+        self._check(text, level, rank)
 
     def _milestone(self, text: str) -> None:
         for prefix, phase in _MILESTONES:
@@ -485,11 +532,12 @@ class Classifier:
             m = _RX_LOGO.search(text)
             if m:
                 found["vllm_version"] = m.group(1)
-        if "vllm_version" in found and "vllm_version" in self._numbers:
+        old = self._numbers.get("vllm_version")
+        if old and "vllm_version" in found and not found["vllm_version"].startswith(old):
             del found["vllm_version"]   # the first launch's version stands
         self._numbers.update(found)
 
-    def _check(self, text: str, level: int, rank: int | None, joined: bool = False) -> None:
+    def _check(self, text: str, level: int, rank: int | None) -> None:
         if level == _WARN:
             return   # nothing vLLM logs at WARNING is fatal (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN's override)
         if text.startswith("KeyboardInterrupt"):
@@ -501,7 +549,7 @@ class Classifier:
                 hit = index
                 break
         if hit is None:
-            if not joined and _EXC.match(text):
+            if _EXC.match(text):
                 self._unrecognised(text, level, rank)
             return
         keys, kind, prio, extract = _RULES[hit]
@@ -521,14 +569,14 @@ class Classifier:
                 kind = Kind.ENGINE_DEAD
         if rank is not None:
             numbers["rank"] = rank
-        self._offer(prio, kind, text, numbers, phase, joined)
+        self._offer(prio, kind, text, numbers, phase)
 
     def _unrecognised(self, text: str, level: int, rank: int | None) -> None:
         if text.startswith(("asyncio.exceptions.CancelledError", "CancelledError")):
             return
         if self._in_capture() and not self._serving and not self._terminated:
             numbers = {"rank": rank} if rank is not None else {}
-            self._offer(30, Kind.OOM_CUDAGRAPH, text, numbers, "cudagraph", False)
+            self._offer(30, Kind.OOM_CUDAGRAPH, text, numbers, "cudagraph")
             return
         if self._best is None:
             self._last_exc = text[:_KEEP]
@@ -571,8 +619,7 @@ class Classifier:
             return Kind.OOM_CUDAGRAPH, where
         return Kind.OOM_RUNTIME, "serving"
 
-    def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str,
-               joined: bool) -> None:
+    def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str) -> None:
         best = self._best
         oom_frames = self._oom_frames
         if best is None or prio > best[0]:
@@ -587,8 +634,7 @@ class Classifier:
             else:
                 self._best = (prio, best[1], best[2], merged, best[4])
         elif kind is best[1] and prio == best[0] and len(numbers) > len(best[3]):
-            evidence = text if joined else best[2]
-            self._best = (prio, kind, evidence, {**numbers, **best[3]}, best[4])
+            self._best = (prio, kind, best[2], {**numbers, **best[3]}, best[4])
 
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})
@@ -624,8 +670,8 @@ def _strip(seg: str) -> tuple[str, int, int | None]:
             if m2 and m2.group("proc"):
                 rank = _rank_of(m2.group("proc"))
                 text = text[m2.end():]
-        return text.rstrip(), _LEVELS[m.group("lvl") or m.group("ulvl")], rank
-    text = seg.rstrip()
+        return text, _LEVELS[m.group("lvl") or m.group("ulvl")], rank
+    text = seg
     rank = None
     level = _RAW
     for _ in range(6):
@@ -662,7 +708,7 @@ def normalize(line: str | bytes) -> str:
     line = line.replace("\x00", "").replace("\r", "").replace("\n", " ")
     if any(h in line for h in _ANSI_HINT):
         line = _ANSI.sub("", line)
-    return _strip(line)[0]
+    return _strip(line)[0].strip()
 
 
 def classify(lines: Iterable[str | bytes], exit_code: int | None = None) -> Diagnosis:

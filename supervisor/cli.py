@@ -36,8 +36,15 @@ def _run_start(args: argparse.Namespace) -> int:
     except config.ConfigError as e:
         print(f"vllm-guard: configuration error: {e}", file=sys.stderr)
         return 78
-    logs.configure_logging(level=getattr(args, "log_level", None) or "info")
-    guard = Guard(cfg)
+    live = None
+    if not cfg.quiet and sys.stderr.isatty():
+        from supervisor.live import LiveLine, proxy
+
+        live = LiveLine(sys.stderr)
+        logs.configure_logging(level=getattr(args, "log_level", None) or "info", stream=proxy(live))
+    else:
+        logs.configure_logging(level=getattr(args, "log_level", None) or "info")
+    guard = Guard(cfg, live=live)
     try:
         return asyncio.run(guard.run())
     except KeyboardInterrupt:      # a second Ctrl-C while stopping

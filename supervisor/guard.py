@@ -11,6 +11,7 @@ import asyncio
 import os
 import shlex
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -46,10 +47,12 @@ class FlagNote:
 
 class Guard:
     def __init__(self, cfg: GuardConfig, environ: Mapping[str, str] | None = None,
-                 gpu_provider: Any = None) -> None:
+                 gpu_provider: Any = None, live: Any = None) -> None:
         self.cfg = cfg
         self.environ = dict(os.environ if environ is None else environ)
         self.gpu_provider = gpu_provider
+        self.live = live                  # supervisor.live.LiveLine on a TTY, else None
+        self._watcher: Watcher | None = None
         self.lifecycle = Lifecycle()
         self.requested = Flags.parse(list(cfg.vllm_args))
         self.host = self.requested.get("--host") or cfg.host
@@ -121,6 +124,7 @@ class Guard:
         while True:
             now = time.monotonic()
             self._heartbeat = now
+            self._refresh_live()
             notifier = self.notifier
             interval = notifier.watchdog_interval() if notifier is not None else None
             if interval and now >= next_ping:
@@ -159,6 +163,8 @@ class Guard:
                 self._loop.remove_signal_handler(sig)
         self.exit_code = code
         watchdog.cancel()
+        if self.live is not None:
+            self.live.close()
         await startup.shutdown(self)
         return code
 
@@ -359,8 +365,25 @@ class Guard:
 
     # -- hooks from the launch ---------------------------------------------------------------
     def _on_line(self, line: bytes, stream: str) -> None:
-        if not self.cfg.quiet:
+        if self.cfg.quiet:
+            return
+        if self.live is not None:
+            self.live.note_progress(line)
+            self.live.above(line, sys.stdout if stream == "stdout" else sys.stderr)
+        else:
             passthrough(line, stream)
+
+    def _refresh_live(self) -> None:
+        if self.live is None:
+            return
+        from supervisor.live import render
+
+        w = self._watcher
+        phase = w.classifier.phase if w is not None else "launching"
+        started = self.launches[-1]["started_at"] if self.launches else time.time()
+        self.live.update(render(max(1, len(self.launches)), phase, self.live.progress,
+                                {k: v.value or "" for k, v in self.notes.items()},
+                                time.time() - started, self.lifecycle.state.value))
 
     def _on_healthy(self, seconds: float) -> None:
         n = len(self.launches)

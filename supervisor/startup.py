@@ -152,6 +152,8 @@ def _gpu_facts(g: "Guard") -> None:
         log.info(f"no NVIDIA GPU seen ({reason}); sizing from vLLM's own messages")
         env.platform = "cpu" if _cpu_build(g) else "cuda"
         env.gpu_key = "cpu" if env.platform == "cpu" else "nogpu"
+        if env.platform == "cpu":
+            g.block_size = 128        # vLLM's CPU backend; it never prints its block size
         return
     tp = g.requested.get_int("--tensor-parallel-size") or 1
     pp = g.requested.get_int("--pipeline-parallel-size") or 1

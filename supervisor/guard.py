@@ -76,6 +76,8 @@ class Guard:
         self._control: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
         self._stop_requested = False
         self._heartbeat = time.monotonic()
+        self.backoff_until: float | None = None
+        self.runtime_deaths = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.notifier: Any = None
@@ -202,6 +204,7 @@ class Guard:
                     runtime_deaths += 1
                 else:
                     runtime_deaths, attempt_backoff = 1, 0
+                self.runtime_deaths = runtime_deaths
             else:
                 fails_without_health += 1
             if startup.forget_learned(self, result):
@@ -237,8 +240,11 @@ class Guard:
             if decision.backoff:
                 attempt_backoff += 1
                 delay = startup.backoff_delay(cfg.backoff, attempt_backoff)
+                self.backoff_until = time.time() + delay
                 self._to(State.BACKOFF, f"{d.kind}; retrying in {delay:.1f} s")
-                if await self._sleep_or_stop(delay):
+                stop = await self._sleep_or_stop(delay)
+                self.backoff_until = None
+                if stop:
                     self.exit_reason = "stopped on request"
                     return 0
             else:
@@ -436,6 +442,9 @@ class Guard:
             "flags_source": self.env_start.flags_source,
             "launches": [dict(r) for r in self.launches],
             "restarts": self.restarts,
+            "crash_loop": {"runtime_deaths": self.runtime_deaths,
+                           "limit": self.cfg.backoff.crash_loop_limit,
+                           "backoff_until": self.backoff_until},
             "last_probe": None if self.last_probe is None else {
                 **self.last_probe.to_dict(), "at": self.last_probe_at},
             "uptime_s": round(now - self.started_wall, 1),

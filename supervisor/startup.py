@@ -88,6 +88,7 @@ async def prepare(g: "Guard") -> None:
     for p in procs.sweep_orphans(env.state_dir, grace=min(cfg.stop_grace, 10.0)):
         log.warning(f"ended a process left by a previous guard: pid {p.get('pid')} "
                     f"{p.get('name')} ({' '.join(p.get('cmdline') or [])[:120]})")
+    _check_port(g)
     _gpu_facts(g)
     _start_status(g)
     if g.notifier is not None:
@@ -96,6 +97,16 @@ async def prepare(g: "Guard") -> None:
     if g.vllm_version:
         log.info(f"vLLM {g.vllm_version} ({cfg.vllm_command})")
     _choose_first_flags(g)
+
+
+def _check_port(g: "Guard") -> None:
+    """A vLLM port held by another guard's vLLM: refuse now, naming it (no launch is made)."""
+    info = procs.port_holder_info(g.host, g.port)
+    if info and info.get("marker") and not info["marker"].startswith(procs.state_id(g.state_dir)):
+        raise Refused(
+            f"port {g.port} is already served by another vllm-guard's vLLM (pid {info.get('pid')}, "
+            f"{' '.join(info.get('cmdline') or [])[:160]}); stop that guard or choose another "
+            f"--port", EX_CONFIG)
 
 
 def default_state_dir(environ: dict[str, str]) -> str:

@@ -8,8 +8,10 @@ outside: its /status endpoint, its exit code, its output, and the processes left
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from guardrun import ROOT, GuardRun, argv_flag, marked
@@ -203,3 +205,50 @@ def test_second_guard_on_the_same_state_dir_refuses(run, tmp_path):
     assert code != 0
     assert str(g.proc.pid) in other.output()
     assert g.terminate() == 0
+
+
+def test_sigkilled_guard_leaves_orphans_the_next_guard_ends_before_launching(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
+    g.wait_healthy(launches=1)
+    before = {p.pid for p in marked(g.state_dir)}
+    assert len(before) >= 2, "API server and its VLLM::EngineCore"
+    g.proc.kill()
+    g.proc.wait()
+    # the API server dies with the guard (parent-death signal); its engine is orphaned
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = {p.pid for p in marked(g.state_dir)}
+        if left and len(left) < len(before):
+            break
+        time.sleep(0.05)
+    orphans = [p for p in marked(g.state_dir) if p.name().startswith("VLLM::")]
+    assert orphans, "the engine survives its API server, as real vLLM's does"
+    second = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"],
+                 state_dir=g.state_dir)
+    s = second.wait_healthy(launches=1)
+    assert all(not psutil.pid_exists(p.pid) or p.status() == psutil.STATUS_ZOMBIE for p in orphans)
+    assert "ended a process left by a previous guard" in second.output()
+    assert s["launches"][0]["pid"] not in before
+    assert second.terminate() == 0
+
+
+def test_second_guard_on_the_same_vllm_port_refuses_naming_the_first(run, tmp_path):
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
+    g.wait_healthy(launches=1)
+    other = run({"version": "0.32.0"}, vllm_args=["--port", str(g.port)],
+                state_dir=tmp_path / "other-state")
+    assert other.wait_exit() == 78
+    assert f"port {g.port} is already served by another vllm-guard" in other.output()
+    assert g.status()["state"] == "healthy"
+    assert g.terminate() == 0
+
+
+def test_crash_loop_backs_off_and_ends_failed(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B, "engine_death_after": 0.2},
+            vllm_args=["--max-model-len", "8192"],
+            env={"VLLM_GUARD_BACKOFF_CRASH_LOOP_LIMIT": "2"})
+    s = g.wait_for(lambda s: s["state"] == "backoff", 60, "a backoff")
+    assert s["crash_loop"]["backoff_until"] is not None
+    assert g.wait_exit() == 75
+    out = g.output()
+    assert "died 3 times in a row soon after becoming healthy" in out

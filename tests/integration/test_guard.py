@@ -252,3 +252,30 @@ def test_crash_loop_backs_off_and_ends_failed(run):
     assert g.wait_exit() == 75
     out = g.output()
     assert "died 3 times in a row soon after becoming healthy" in out
+
+
+def test_learned_flags_make_the_next_start_a_single_launch(run, tmp_path):
+    scenario = {"version": "0.32.0", "model": LLAMA8B}
+    g = run(scenario)
+    first = g.wait_healthy(launches=2)
+    assert g.terminate() == 0
+    again = run(scenario, state_dir=g.state_dir)
+    s = again.wait_healthy(launches=1)
+    assert s["flags_source"] == "store"
+    assert argv_flag(s["argv"], "--max-model-len") == argv_flag(first["argv"], "--max-model-len")
+    assert s["changed_flags"]["--max-model-len"]["source"] == "store"
+    assert again.chat().status_code == 200
+    assert again.terminate() == 0
+
+
+def test_learned_flags_that_fail_are_dropped(run, tmp_path):
+    g = run({"version": "0.32.0", "model": LLAMA8B})
+    g.wait_healthy(launches=2)
+    assert g.terminate() == 0
+    # the GPU got smaller: the learned length no longer fits; the guard forgets it and heals again
+    again = run({"version": "0.32.0", "model": LLAMA8B, "gpu": {"total_gib": 22.0}},
+                state_dir=g.state_dir)
+    s = again.wait_healthy()
+    assert s["launches"][0]["kind"] == "kv_cache_insufficient"
+    assert "forgetting them" in again.output()
+    assert again.terminate() == 0

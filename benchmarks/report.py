@@ -53,7 +53,7 @@ class Figures:
         return {
             "policy": self.policy,
             "healed": f"{self.healed}/{self.healable}",
-            "launches median": med(self.launches) if self.launches else "-",
+            "launches median": f"{med(self.launches):g}" if self.launches else "-",
             "launches worst": max(self.launches) if self.launches else "-",
             "time median s": round(med(self.seconds)) if self.seconds else "-",
             "time worst s": round(max(self.seconds)) if self.seconds else "-",
@@ -122,7 +122,7 @@ def misses(results: list[Result]) -> list[Miss]:
                 out.append(Miss(f"more than {limit} launch{'es' if limit > 1 else ''}", res, policy))
             kept = res.kept(policy)
             if kept is not None and kept < 0.95:
-                out.append(Miss(f"context kept {kept:.1%} < 95%", res, policy))
+                out.append(Miss(f"context kept {kept:.2%} < 95%", res, policy))
     return out
 
 

@@ -134,6 +134,17 @@ least 95% of the context that fits. {len(missed)} misses:
 
 {chr(10).join(x.text() for x in missed) or "none"}
 
+### Caveats
+
+- The emulator sizes V0's KV cache (0.6.5-0.10, per-instance budget, no start-up free-memory check)
+  without checking it fits in the memory other processes leave: on a busy GPU only the later
+  CUDA-graph capture fails, and with `--enforce-eager` such a launch "serves". Real vLLM would run
+  out of memory allocating the cache, so the busy-GPU V0 rows are optimistic for every policy and
+  for the reference alike (reported to the emulator's owner).
+- The plan and the emulator disagree on non-torch memory with tensor parallelism (plan 0.25 GiB
+  per rank, emulator 0.1 GiB), which decides the 70B AWQ TP2 on 2x L4 rows.
+- Time to healthy uses published per-phase figures, not this machine.
+
 ## Cost of the guard
 
 {overhead_md}

@@ -81,7 +81,7 @@ class RemedyConfig:
 @dataclass(frozen=True)
 class PlanConfig:
     enabled: bool = True          # predict the first launch from config.json + GPU memory
-    margin: float = 0.05          # fraction of the KV budget the plan holds back
+    margin: float = 0.03          # fraction of the KV budget the plan holds back
     learn: bool = True            # store and reuse flags that became healthy
     auto_fit: bool = False        # use --max-model-len auto where vLLM has it (0.14+)
 

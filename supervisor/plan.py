@@ -287,7 +287,7 @@ def _fmt_util(u: float) -> str:
 
 
 def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_bytes: int | None, gpus: int,
-                 flags: Flags, vllm_version: str | None, margin: float = 0.05, min_model_len: int = 2048,
+                 flags: Flags, vllm_version: str | None, margin: float = 0.03, min_model_len: int = 2048,
                  platform: str = "cuda", cpu_kv_space_gib: float | None = None,
                  compute_capability: tuple[int, int] | None = None, device_name: str = "") -> FirstLaunch:
     """Flags that make the first launch fit: a lower --max-model-len, fp8 KV, or a lower utilization for busy GPUs."""
@@ -313,6 +313,20 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
                 f"only {free / GiB:.2f} of {total / GiB:.2f} GiB is free (other processes hold memory); vLLM "
                 f"refuses to start when free memory is below {util:.2f} of the total")
             util = lowered
+
+    # Before 0.20 CUDA graphs are captured after the KV cache is sized, outside the budget: what
+    # other processes leave must hold the budget plus the graphs and the CUDA context.
+    global_cap = (0, 8, 0) <= ver < (0, 9, 1) or ver[:2] == (0, 6) and ver[2] == 4
+    if platform != "cpu" and ver < (0, 20, 0) and not global_cap and not flags.enabled("--enforce-eager"):
+        tp_ = max(1, flags.get_int("--tensor-parallel-size") or 1)
+        reserve = cudagraph_bytes(int((info.weights_bytes or 0) / tp_)) + int(0.4 * GiB)
+        room = math.floor((free - reserve) / total * 100) / 100
+        if 0 < room < util and free < total:
+            out["--gpu-memory-utilization"] = _fmt_util(room)
+            why["--gpu-memory-utilization"] = (
+                f"other processes hold {(total - free) / GiB:.2f} GiB; vLLM < 0.20 captures CUDA graphs "
+                f"outside its budget, so {room:.2f} leaves {reserve / GiB:.2f} GiB for them and the CUDA context")
+            util = room
 
     if flags.get("--max-model-len") in ("auto", "-1"):
         return FirstLaunch(out, why, True)     # vLLM's own auto-fit does the sizing

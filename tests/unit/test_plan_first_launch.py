@@ -55,10 +55,21 @@ def test_auto_fit_is_left_to_vllm():
 
 
 def test_busy_gpu_lowers_utilization():
-    fl = launch("Qwen2.5-7B-Instruct", total=CARD_24, free=CARD_24 - 4 * GiB)
+    fl = launch("Qwen2.5-7B-Instruct", total=CARD_24, free=CARD_24 - 4 * GiB, version="0.20.0")
     # free/total = 19.55/23.55 = 0.830 -> 0.81 after the 0.02 allowance for the CUDA context
     assert fl.flags["--gpu-memory-utilization"] == "0.81"
     assert "free" in fl.reasons["--gpu-memory-utilization"]
+
+
+def test_busy_gpu_before_0_20_leaves_room_for_cuda_graphs():
+    fl = launch("Qwen2.5-7B-Instruct", total=CARD_24, free=CARD_24 - 4 * GiB, version="0.9.2")
+    # 19.55 GiB free - (0.25 + 1.5% of 14.19 GiB weights = 0.46 GiB graphs) - 0.4 GiB context
+    # = 18.69 GiB -> 18.69/23.55 = 0.7936 -> 0.79
+    assert fl.flags["--gpu-memory-utilization"] == "0.79"
+    assert "CUDA graphs" in fl.reasons["--gpu-memory-utilization"]
+    eager = launch("Qwen2.5-7B-Instruct", ["--enforce-eager"], total=CARD_24,
+                   free=CARD_24 - 4 * GiB, version="0.9.2")
+    assert eager.flags["--gpu-memory-utilization"] == "0.81"
 
 
 def test_busy_gpu_on_a_global_cap_version_keeps_utilization():

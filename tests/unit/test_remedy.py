@@ -105,7 +105,7 @@ def test_fp8_refused_after_we_added_it_gives_up_with_kv_message():
 def test_fp8_not_tried_when_known_unsupported():
     d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=1500)
     out = R.decide(d, Flags.parse("--enforce-eager --max-num-batched-tokens 512"),
-                   ctx(fp8_supported=False))
+                   ctx(fp8_supported=False, vllm_version="0.32.0"))
     assert isinstance(out, R.GiveUp)
 
 
@@ -232,3 +232,28 @@ def test_suggest_shape():
     assert s["healable"] is True and s["flags"] == {"--max-model-len": "65408"} and s["why"]
     assert R.suggest(D(Kind.HEALTHY))["healable"] is False
     assert R.suggest(D(Kind.CONFIG_ERROR, "unrecognized arguments"))["healable"] is False
+
+
+def test_v0_shorter_length_enables_chunked_prefill():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30864)
+    out = R.decide(d, Flags.parse(""), ctx(vllm_version="0.6.6"))
+    assert out.flags.get("--max-model-len") == "30864"
+    assert out.flags.enabled("--enable-chunked-prefill")
+    # V1 (or a V0 length above 32768) does not need it
+    v1 = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30864,
+           kv_needed_gib=16.0, kv_available_gib=3.77)
+    assert not R.decide(v1, Flags.parse(""), ctx(vllm_version="0.10.2")).flags.has(
+        "--enable-chunked-prefill")
+    assert not R.decide(D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=40000),
+                        Flags.parse(""), ctx(vllm_version="0.6.6")).flags.has("--enable-chunked-prefill")
+
+
+def test_v0_wording_without_version_is_v0():
+    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=19200)
+    assert R.is_v0(d, ctx())
+
+
+def test_v0_profile_oom_enables_chunked_prefill_first():
+    out = R.decide(D(Kind.OOM_PROFILE), Flags.parse("--max-model-len 32768"),
+                   ctx("--max-model-len 32768", vllm_version="0.6.3"))
+    assert out.step == "oom_profile:chunked_prefill" and out.flags.enabled("--enable-chunked-prefill")

@@ -24,6 +24,7 @@ import re
 from collections import deque
 from typing import Any, Iterable
 
+from supervisor.flags import parse_int
 from supervisor.model import PHASES, Diagnosis, Kind
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
@@ -43,6 +44,7 @@ _ANSI_HINT = ("\x1b", "^[", "m(", "[0", "[1", "[3")
 _LEAD = re.compile(
     r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+(?:, ip=[^)]*)?\)"
     r"|\[rank(?P<rank>\d+)\]:"
+    r"|\[(?P<glog>[IWEF])(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]"
     r"|[A-Za-z0-9][\w.-]*\s+\|(?=\s|$)"
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
     r")\s?"
@@ -57,8 +59,9 @@ _RANK = re.compile(r"(?:rank=|TP|rank)(\d+)")
 _SPLIT = re.compile(
     r"(?<=\S)\s++(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
     r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
-    r"|File \")"
+    r"|File \"|\[[IWEF](?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]|Killed$)"
 )
+_EOL = re.compile(r"[\r\n]+")
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+, in ([\w<>.]+)')
 _EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
 _RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
@@ -73,7 +76,7 @@ def _num(text: str) -> int | float:
 
 
 def _mib(value: str, unit: str) -> float:
-    scale = {"B": 1 / 2**20, "KiB": 1 / 1024, "KB": 1 / 1024, "MiB": 1.0, "MB": 1.0,
+    scale = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 1024, "KB": 1 / 1024, "MiB": 1.0, "MB": 1.0,
              "GiB": 1024.0, "GB": 1024.0, "TiB": 2**20}[unit]
     return round(float(value) * scale, 4)
 
@@ -94,9 +97,10 @@ _RX_NODE = re.compile(r"Available memory on node \d+ \(" + _F + "/" + _F + r" Gi
                       r"less than requested memory for kv \(" + _F + r" GiB\)")
 _RX_EXT = re.compile(r"exceed the desired GPU memory utilization \(" + _F + ", " + _F + r" GiB\)")
 _RX_PROF = re.compile(r"Initial free memory " + _F + r" ?GiB, current free memory " + _F + " ?GiB")
-_RX_TRIED = re.compile(r"Tried to allocate " + _F + r" ?(GiB|MiB|KiB|B|GB|MB)")
-_RX_TOTAL_NEW = re.compile(r"total capac(?:i)?ty of " + _F + r" ?(GiB|MiB) of which " + _F + r" ?(GiB|MiB|KiB|B) is free")
-_RX_TOTAL_OLD = re.compile(r"; " + _F + r" ?(GiB|MiB) total capacity;.*?; " + _F + r" ?(GiB|MiB|KiB|B) free")
+_UNIT = r" ?(GiB|MiB|KiB|bytes|B|GB|MB)"
+_RX_TRIED = re.compile(r"Tried to allocate " + _F + _UNIT)
+_RX_TOTAL_NEW = re.compile(r"total capac(?:i)?ty of " + _F + _UNIT + " of which " + _F + _UNIT + " is free")
+_RX_TOTAL_OLD = re.compile(r"; " + _F + _UNIT + r" total capacity;[^;]*; " + _F + _UNIT + " free")
 _RX_DUMMY = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy requests")
 _RX_DERIVED = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived "
                          r"max_model_len \((?:(\w+)=)?" + _F + r"(?: or model_max_length=(\w+|[\d.]+))?")
@@ -107,11 +111,16 @@ _RX_WORLD = re.compile(r"(?:World|Tensor parallel) size \((\d+)\) (?:is|cannot b
 _RX_VERSION = (
     re.compile(r"vLLM (?:API )?server version v?(\d+\.\d+[\w.+-]*)"),
     re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\d+\.\d+[\w.+-]*)\)"),
+    re.compile(r"^vLLM Version: v?(\d+\.\d+[\w.+-]*)"),
 )
 _RX_LOGO = re.compile(r"(?:^|\s)version\s+v?(\d+\.\d+[\w.+-]*)")
 _RX_BLOCK = re.compile(r"(?<![\w])block_size['\"]?\s*[=:]\s*(\d+)")
 _RX_MAXSEQ = re.compile(r"(?<![\w])max_seq_len=(\d+)")
 _RX_ARG_LEN = re.compile(r"['\"]?max_model_len['\"]?\s*[=:]\s*(\d+)")
+_RX_CMD_LEN = re.compile(r"--max[-_]model[-_]len[= ]+['\"]?([\w.]+)")
+_RX_CMD_UTIL = re.compile(r"--gpu[-_]memory[-_]utilization[= ]+['\"]?(\d*\.?\d+)")
+_COMMANDS = ("vllm serve", "$ vllm", "$ python", "python -m vllm", "python3 -m vllm", "+ vllm", "docker run",
+             "CUDA_VISIBLE_DEVICES=", "VLLM_")
 _RX_ARG_UTIL = re.compile(r"['\"]?gpu_memory_utilization['\"]?\s*[=:]\s*" + _F)
 _RX_AUTOFIT = re.compile(r"Auto-fit max_model_len: (?:reduced from (\d+) to (\d+)|full model context length (\d+))")
 _RX_KVTOK = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -144,6 +153,13 @@ def _info_numbers(text: str) -> dict[str, Any]:
         if m:
             out["max_model_len"] = int(m.group(1))
         m = _RX_ARG_UTIL.search(text)
+        if m:
+            out["requested_utilization"] = float(m.group(1))
+    if text.startswith(_COMMANDS):   # the command line an issue report pastes above the log
+        m = _RX_CMD_LEN.search(text)
+        if m and parse_int(m.group(1)):
+            out["max_model_len"] = parse_int(m.group(1))
+        m = _RX_CMD_UTIL.search(text)
         if m:
             out["requested_utilization"] = float(m.group(1))
     for rx, key, conv in (
@@ -256,7 +272,15 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
       "Invalid repository ID or local directory", "is not a local folder and is not a valid model identifier",
       "Repository Not Found for url", "Could not detect config format", "does not appear to have a file named",
-      "Repo id must be in the form", "HFValidationError", "LocalEntryNotFoundError",
+      "Repo id must be in the form", "HFValidationError", "LocalEntryNotFoundError", "GatedRepoError",
+      "RepositoryNotFoundError", "RevisionNotFoundError", "be authenticated to access it",
+      "is restricted and you are not in the authorized list", "Can't load tokenizer", "Can't load the configuration of",
+      "Unrecognized model in", "does not recognize this architecture", "Cannot find the config file for",
+      "is not supported for quantization method", "does not match the quantization method",
+      "Cannot re-initialize CUDA in forked subprocess", "no kernel image is available",
+      "NVIDIA driver on your system is too old", "Torch not compiled with CUDA enabled",
+      "Ray does not allocate any GPUs", "is not supported by PagedAttention", "only supports Ampere GPUs or newer",
+      "must be divisible by pipeline parallel size",
       "Cannot find an appropriate cached snapshot folder",
       "Cannot access gated repo", "You are trying to access a gated repo", "You must be authenticated to access it",
       "Please enable access to public gated repositories", "401 Client Error", "403 Client Error",
@@ -283,6 +307,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
      _CUDA, 30, None),
     (("NCCL error", "DistBackendError", "ncclUnhandledCudaError", "ncclInternalError", "ncclSystemError",
       "RayActorError", "ActorDiedError", "The actor died unexpectedly", "A worker died or was killed",
+      "RaySystemError", "RayTaskError", "collective operation timeout", "DistStoreError",
+      "terminate called after throwing",
       "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out"),
      Kind.ENGINE_DEAD, 25, None),
     (("validation error for", "failed to be inspected"), Kind.CONFIG_ERROR, 20, None),
@@ -293,7 +319,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "terminating server process", "Engine loop is not running", "Background loop has errored",
       "Background loop is not running", "Background loop is stopped", "WorkerProc initialization failed",
       "WorkerProc failed to start", "WorkerProc hit an exception", "Executor failed", "died.')",
-      "Worker failed with error", "Task finished unexpectedly", "output_handler failed"),
+      "Worker failed with error", "Task finished unexpectedly", "output_handler failed",
+      "Engine background task failed", "engine core exited unexpectedly"),
      Kind.ENGINE_DEAD, 10, None),
 )
 _KEYS = tuple((key, i) for i, rule in enumerate(_RULES) for key in rule[0])
@@ -323,7 +350,7 @@ _MILESTONES: tuple[tuple[str, str], ...] = (
     ("Starting vLLM API server", "serving"), ("Starting vLLM server on", "serving"),
     ("Application startup complete", "serving"), ("Uvicorn running on", "serving"),
 )
-_MILESTONE_PREFIXES = tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:")
+_MILESTONE_PREFIXES = tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
 
 # Traceback frame names -> where the failure happened (research §3.d table). Deepest frame wins.
 _FRAME_PHASE = {
@@ -394,7 +421,7 @@ class Classifier:
         return self._verdict(exit_code)
 
     def _verdict(self, exit_code: int | None) -> Diagnosis:
-        if self._best is not None:
+        if self._best is not None and not (self._terminated and self._best[0] < 25):
             prio, kind, evidence, nums, phase = self._best
             if prio <= 10 and (self._last_exc or self._exc_after_wrapper):
                 evidence = self._last_exc or self._exc_after_wrapper
@@ -418,8 +445,10 @@ class Classifier:
         if "\x00" in line:
             line = line.replace("\x00", "")
         before = self._best
+        if line[-1:] == "\n":
+            line = line.rstrip("\r\n")
         if "\r" in line or "\n" in line:
-            for seg in re.split(r"[\r\n]+", line):
+            for seg in _EOL.split(line):
                 if seg:
                     self._physical(seg)
         elif line:
@@ -435,6 +464,7 @@ class Classifier:
         if len(seg) > 400 and _SPLIT.search(seg, 1):
             # A log pasted with its line breaks lost: cut it back into records, keeping each
             # process tag or log header together with the message that follows it.
+            pieces: list[str] = []
             carry = ""
             for piece in _SPLIT.split(seg):
                 if not piece:
@@ -442,12 +472,15 @@ class Classifier:
                 if len(carry) < 256 and not _strip(carry + piece)[0].strip():
                     carry += piece + " "
                     continue
-                self._one(carry + piece, pasted=True)
+                pieces.append(carry + piece)
                 carry = ""
             if carry:
-                self._one(carry, pasted=True)
-        else:
-            self._one(seg)
+                pieces.append(carry)
+            if len(pieces) > 1:
+                for piece in pieces:
+                    self._one(piece, pasted=True)
+                return
+        self._one(seg)
 
     def _one(self, seg: str, pasted: bool = False) -> None:
         width = len(seg)
@@ -466,13 +499,13 @@ class Classifier:
         if self._pending is not None:
             ptext, plevel, prank, done = self._pending
             if (maybe_wrapped and level == _RAW and 60 <= self._prev_width <= _WRAP_WIDTH
-                    and not text.lstrip().startswith(_RECORD_STARTS) and not _EXC.match(text)
-                    and (self._prev_width == _WRAP_WIDTH or not ptext.startswith("    "))):
+                    and not text.lstrip().startswith(_RECORD_STARTS)
+                    and (self._prev_width == _WRAP_WIDTH or not (_EXC.match(text) or ptext.startswith("    ")))):
                 joined = ptext + text if self._prev_width == _WRAP_WIDTH else ptext.rstrip() + " " + text.lstrip()
                 prank = prank if prank is not None else rank
                 self._pending = (joined[:_JOIN_CAP], plevel, prank, done and not confirmed)
-                if not confirmed:
-                    self._line(text, plevel, prank)
+                if not confirmed:   # maybe a continuation, maybe a record of its own: read it both ways
+                    self._line(text, level, rank)
                     self._line(self._pending[0], plevel, prank)
                 self._prev_width = width
                 return
@@ -538,10 +571,16 @@ class Classifier:
         self._numbers.update(found)
 
     def _check(self, text: str, level: int, rank: int | None) -> None:
-        if level == _WARN:
-            return   # nothing vLLM logs at WARNING is fatal (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN's override)
+        if level == _WARN or not text or "%|" in text:
+            return   # nothing vLLM logs at WARNING is fatal (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN's override); progress bars
         if text.startswith("KeyboardInterrupt"):
             self._terminated = True
+            return
+        if text.startswith("Error executing method "):   # V0/Ray workers name the failing RPC
+            method = text[len("Error executing method "):].split(".", 1)[0].strip("'\" ")
+            self._frame_phase = _FRAME_PHASE.get(method, self._frame_phase)
+        if text == "Killed":   # the shell's note that the kernel (often the OOM killer) sent SIGKILL
+            self._offer(10, Kind.ENGINE_DEAD, text, {}, self.phase)
             return
         hit = None
         for key, index in _KEYS:
@@ -602,8 +641,8 @@ class Classifier:
             where = self.phase
             if "warming up" in text:
                 where = "profiling" if self._phase <= _PHASE["profiling"] else "warmup"
-            elif "private pools" in text and self._phase >= _PHASE["kv_cache"]:
-                where = "cudagraph"
+            elif "private pools (e.g., CUDA Graphs)" in text and "with 0 bytes allocated" not in text:
+                where = "cudagraph"   # graph pools hold memory only once capture has begun
         if where in ("launching", "config", "engine_init", "loading"):
             return Kind.OOM_WEIGHTS, where
         if where in ("profiling",):
@@ -685,6 +724,8 @@ def _strip(seg: str) -> tuple[str, int, int | None]:
             rank = int(m.group("rank"))
         elif m.group("proc"):
             rank = _rank_of(m.group("proc"))
+        elif m.group("glog"):
+            level = {"I": _INFO, "W": _WARN}.get(m.group("glog"), _ERROR)
         text = text[m.end():]
     c = text[:1]
     if c in "DIWEC" or c.isdigit():

@@ -332,3 +332,43 @@ def test_throughput_floor() -> None:
         c.feed(access)
     rate = 50_000 / (time.perf_counter() - start)
     assert rate > 30_000, f"{rate:.0f} lines/s"
+
+
+# --------------------------------------------------------------------------- shapes seen in issue reports
+def test_torch_warnings_in_glog_format_are_not_failures() -> None:
+    lines = ["[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in use).",
+             "[rank0]:[W1129 10:00:00.123456789 socket.cpp:464] [c10d] The server socket has failed to listen (errno: 98 - Address already in use)."]
+    assert classify(lines).kind is Kind.HEALTHY
+    # the error-level twin of the same format is read as an error
+    timeout = "[E1129 10:00:00.123456789 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)"
+    assert classify([timeout]).kind is Kind.ENGINE_DEAD
+
+
+def test_the_shell_saying_killed_is_an_engine_death() -> None:
+    got = classify(["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...", "Killed"])
+    assert got.kind is Kind.ENGINE_DEAD and got.evidence == "Killed" and got.phase == "loading"
+    assert classify(["INFO 08-01 12:00:00 [multiproc_worker_utils.py:1] Killing local vLLM worker processes"]).kind is Kind.HEALTHY
+
+
+def test_wrappers_around_our_own_sigterm_are_not_failures() -> None:
+    lines = ["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...",
+             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+             "KeyboardInterrupt: terminated"]
+    assert classify(lines, 1).kind is Kind.HEALTHY
+    # a real root cause before the kill still stands
+    assert classify(["ValueError: No available memory for the cache blocks."] + lines, 1).kind is Kind.NO_KV_CACHE_MEMORY
+
+
+def test_pasted_command_line_states_the_requested_numbers() -> None:
+    got = classify(["$ vllm serve Qwen/Qwen2.5-7B-Instruct --max-model-len 32K --gpu-memory-utilization=0.95",
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512 bytes. GPU 0 has a total capacity of 23.5 GiB of which 0 bytes is free."])
+    assert got.numbers["max_model_len"] == 32768
+    assert got.numbers["requested_utilization"] == 0.95
+    assert got.numbers["free_gib"] == 0.0 and got.numbers["tried_to_allocate_mib"] == round(512 / 2**20, 4)
+
+
+def test_ray_worker_names_the_failing_method() -> None:
+    ray = "(RayWorkerWrapper pid=28614, ip=10.128.0.5) ERROR 05-14 08:12:45 worker_base.py:145] "
+    got = classify([ray + "Error executing method determine_num_available_blocks. This might cause deadlock in distributed execution.",
+                    ray + "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB."], None)
+    assert got.kind is Kind.OOM_PROFILE

@@ -406,7 +406,7 @@ class Classifier:
     @property
     def numbers(self) -> dict:
         """Numbers stated so far by milestone and configuration lines."""
-        return dict(self._numbers)
+        return _public(dict(self._numbers))
 
     def feed(self, line: str | bytes) -> Diagnosis | None:
         """Take one line of output; return the verdict the first time a fatal line shows up."""

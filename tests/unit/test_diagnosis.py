@@ -230,7 +230,7 @@ def test_progress_numbers_are_exposed_while_streaming() -> None:
         "(APIServer pid=1) INFO 09-20 10:00:01 [model.py:1] Using max model len 41840",
     ]:
         assert c.feed(line) is None
-    assert c.numbers == {"vllm_version": "0.32.0", "block_size": 128, "config_max_seq_len": 4096, "model_loading_gib": 0.94,
+    assert c.numbers == {"vllm_version": "0.32.0", "block_size": 128, "model_loading_gib": 0.94,
                          "available_kv_gib": 3.5, "kv_cache_tokens": 1117584, "auto_fit_max_model_len": 41840,
                          "served_max_model_len": 41840}
     assert c.phase == "kv_cache"

@@ -58,14 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-guard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_start(sub)
-    from supervisor import cli_plan
+    from supervisor import cli_diagnose, cli_plan
 
-    try:
-        from supervisor import cli_diagnose
-    except ImportError:  # TEMPORARY until the diagnose command lands
-        cli_diagnose = None
-    if cli_diagnose is not None:
-        cli_diagnose.add_parser(sub)
+    cli_diagnose.add_parser(sub)
     cli_plan.add_parser(sub)
     _add_clients(sub)
     return parser

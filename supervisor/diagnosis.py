@@ -263,6 +263,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("on startup is less than", "Externally held weights on device", "Error in memory profiling",
       "on kv cache allocation is less than requested memory"),
      Kind.INSUFFICIENT_FREE_MEMORY, 30, _free_numbers),
+    # Ray's *host* memory monitor killed a task: not a GPU remedy's business (restart with backoff).
+    (("node running low on memory",), Kind.ENGINE_DEAD, 30, None),
     (("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
       "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
       "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",

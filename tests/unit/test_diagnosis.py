@@ -372,3 +372,14 @@ def test_ray_worker_names_the_failing_method() -> None:
     got = classify([ray + "Error executing method determine_num_available_blocks. This might cause deadlock in distributed execution.",
                     ray + "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB."], None)
     assert got.kind is Kind.OOM_PROFILE
+
+
+def test_ray_host_memory_kill_is_not_a_gpu_oom() -> None:
+    """Ray's memory monitor killing a task is host memory: restart, no GPU remedy."""
+    d = classify([
+        "(RayWorkerWrapper pid=4242) INFO 09-20 10:00:01 [worker.py:1] Starting to load model x...",
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+        "Memory on the node (IP: 10.0.0.5, ID: 6f2a) where the task (actor ID: 91c) was running was "
+        "60.12GB / 62.80GB (0.957), which exceeds the memory usage threshold of 0.95.",
+    ], exit_code=1)
+    assert d.kind is Kind.ENGINE_DEAD

@@ -305,7 +305,7 @@ class Log:
         self.v = v
         self.proc = proc
         self.pid = pid or os.getpid()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()   # re-entrant: the engine's SIGTERM handler logs
 
     def _proc_prefix(self) -> str:
         if not self.proc:
@@ -994,7 +994,6 @@ def engine_child_main() -> None:
     log = Log(sc.v, engine_proc_name(sc.v, gen))
     ready_fd = int(spec["ready_fd"])
     parent = int(spec.get("api_pid") or os.getppid())   # the API server may be gone before we are up
-    stop = threading.Event()
     holder: dict = {}
 
     def on_term(signum, frame):
@@ -1007,7 +1006,6 @@ def engine_child_main() -> None:
         if worker is not None and worker.poll() is None:
             log.info("multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=1")
             worker.kill()
-        stop.set()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if sc.ignore_sigterm else on_term)
@@ -1126,7 +1124,8 @@ class Api:
         self.engine: subprocess.Popen | None = None
         self.dead = threading.Event()
         self.hung = threading.Event()
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()   # set by threads (engine watch)
+        self.signalled = False              # set by signal handlers: they must never take a lock
         self.max_len = 0
         self.httpd: ThreadingHTTPServer | None = None
         self.sock: socket.socket | None = None
@@ -1269,6 +1268,15 @@ class Api:
         if v < (0, 7, 3):
             uv(f"Uvicorn running on {url} (Press CTRL+C to quit)")
 
+    def on_signal(self, signum, frame) -> None:
+        # Only a flag: Event.set() here could deadlock on the lock the main thread holds in wait().
+        self.signalled = True
+
+    def should_stop(self) -> bool:
+        """Sleep a tick; True once a signal or the engine watch asks to stop."""
+        time.sleep(0.05)
+        return self.signalled or self.stopping.is_set()
+
     def uvicorn(self, msg: str, fd: int = 2) -> None:
         self.log.raw(f"INFO:     {msg}", fd=fd)
 
@@ -1380,13 +1388,13 @@ class Api:
         if sc.ignore_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         else:
-            signal.signal(signal.SIGTERM, lambda s, fr: self.stopping.set())
-        signal.signal(signal.SIGINT, lambda s, fr: self.stopping.set())
+            signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
         self.serve()
         self.serving_lines()
         threading.Thread(target=self.engine_watch, daemon=True).start()
         hang_at = None if sc.hang_after is None else time.monotonic() + float(sc.hang_after)
-        while not self.stopping.wait(0.05):
+        while not self.should_stop():
             if hang_at is not None and time.monotonic() >= hang_at:
                 self.hung.set()
         self.shutdown(graceful_engine=not self.dead.is_set())
@@ -1596,11 +1604,11 @@ def run_inline(api: Api) -> int:
             return 0
         api.startup_failed()
     api.max_len = ready["max_model_len"]
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if sc.ignore_sigterm else (lambda s, f: api.stopping.set()))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if sc.ignore_sigterm else api.on_signal)
     api.serve()
     api.serving_lines()
     hang_at = None if sc.hang_after is None else time.monotonic() + float(sc.hang_after)
-    while not api.stopping.wait(0.05):
+    while not api.should_stop():
         if hang_at is not None and time.monotonic() >= hang_at:
             api.hung.set()
     api.shutdown(graceful_engine=True)

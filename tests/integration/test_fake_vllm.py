@@ -84,6 +84,11 @@ class Fake:
         assert ok and hit, f"{needle!r} not on {stream}:\n{self.text('out')}\n---\n{self.text('err')}"
         return hit[0]
 
+    def ready(self) -> None:
+        """Serving, with the API server's stdout read as far as the stderr line (two pipes, no order)."""
+        self.wait_for("Application startup complete.")
+        self.wait_for("Route: /metrics, Methods: GET", stream="out")
+
     def wait(self, timeout: float = 20) -> int:
         rc = self.proc.wait(timeout)
         # orphaned engines keep the pipes open (as real ones do): then there is no EOF to wait for
@@ -146,7 +151,7 @@ def chat(fake: Fake, model: str, **extra) -> httpx.Response:
 
 def test_healthy_launch_serves_a_real_chat_completion(launch):
     fake = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192", scenario={"model": QWEN_7B})
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     out = fake.text()
     want = emulator.simulate(emulator.ModelSpec("q", **QWEN_7B), emulator.GpuSpec(23.55), "0.32.0",
                              {"--max-model-len": "8192"}).numbers
@@ -198,13 +203,13 @@ def test_port_refuses_connections_until_ready(launch):
     fake.wait_for("Starting to load model", stream="out")
     with pytest.raises(httpx.ConnectError):
         httpx.get(fake.url + "/health", timeout=2)
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     assert httpx.get(fake.url + "/health").status_code == 200
 
 
 def test_served_model_name_and_api_key(launch):
     fake = launch("org/model", "--max-model-len", "4096", "--served-model-name", "alias", "--api-key", "s3cret")
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     assert httpx.get(fake.url + "/v1/models").status_code == 401
     assert httpx.get(fake.url + "/v1/models").json() == {"error": "Unauthorized"}
     auth = {"Authorization": "Bearer s3cret"}
@@ -217,20 +222,20 @@ def test_served_model_name_and_api_key(launch):
 
 def test_api_server_style_invocation_and_any_cwd(launch, tmp_path):
     fake = launch("--model", "m", "--max-model-len", "4096", serve=False, cwd=str(tmp_path))
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     assert f"non-default args: {{'host': '127.0.0.1', 'port': {fake.port}, 'model': 'm', " in fake.text()
     assert chat(fake, "m").status_code == 200
 
 
 def test_no_chat_template_and_pooling_models(launch):
     fake = launch("base-model", "--max-model-len", "4096", scenario={"no_chat_template": True})
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     resp = chat(fake, "base-model")
     assert resp.status_code == 400 and "chat template" in resp.json()["error"]["message"]
     assert httpx.post(fake.url + "/v1/completions", json={"model": "base-model", "prompt": "x"}).status_code == 200
 
     emb = launch("BAAI/bge-m3", "--max-model-len", "4096", scenario={"pooling": True})
-    emb.wait_for("Application startup complete.")
+    emb.ready()
     resp = chat(emb, "BAAI/bge-m3")
     assert resp.status_code == 501 and "does not support Chat Completions API" in resp.json()["error"]["message"]
     vec = httpx.post(emb.url + "/v1/embeddings", json={"model": "BAAI/bge-m3", "input": "hello"})
@@ -305,7 +310,7 @@ def test_oom_during_cuda_graph_capture_before_0_20(launch):
     assert "Starting vLLM API server 0 on" not in out
     healed = launch("Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192", "--gpu-memory-utilization", "0.97",
                     "--enforce-eager", scenario=scenario)
-    healed.wait_for("Application startup complete.")
+    healed.ready()
     assert f"Starting vLLM server on http://127.0.0.1:{healed.port}" in healed.text()
 
 
@@ -398,7 +403,7 @@ def test_replay_until_the_right_flag_arrives(launch, tmp_path):
     still = launch("m", "--max-model-len", "8192", scenario=scenario)
     assert still.wait() == 1 and "Using max model len 131072" in still.text()
     healed = launch("m", "--max-model-len", "5632", scenario=scenario)
-    healed.wait_for("Application startup complete.")
+    healed.ready()
     assert "Using max model len 5632" in healed.text()
 
 
@@ -409,7 +414,7 @@ def test_engine_death_exits_zero_and_counts_deaths(launch, tmp_path):
     scenario = {"engine_death_after": 0.3, "death_count": 1}
     env = {"FAKE_VLLM_STATE": str(tmp_path)}
     fake = launch("m", "--max-model-len", "4096", scenario=scenario, env=env)
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     fake.wait_for("EngineDeadError", stream="out")
     assert fake.wait() == 0
     out = fake.text()
@@ -422,7 +427,7 @@ def test_engine_death_exits_zero_and_counts_deaths(launch, tmp_path):
     assert (tmp_path / "deaths").read_text() == "1"
 
     survivor = launch("m", "--max-model-len", "4096", scenario=scenario, env=env)   # death_count reached
-    survivor.wait_for("Application startup complete.")
+    survivor.ready()
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         assert httpx.get(survivor.url + "/health").status_code == 200
@@ -433,7 +438,7 @@ def test_engine_death_exits_zero_and_counts_deaths(launch, tmp_path):
 
 def test_killing_the_engine_makes_the_api_server_exit_zero(launch):
     fake = launch("m", "--max-model-len", "4096")
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     engine = fake.engine()
     assert engine.name() == "VLLM::EngineCore"                        # comm + cmdline, like setproctitle
     assert open(f"/proc/{engine.pid}/comm").read().strip() == "VLLM::EngineCor"
@@ -452,7 +457,7 @@ def test_killing_the_engine_makes_the_api_server_exit_zero(launch):
 
 def test_api_server_sigkill_leaves_the_engine_orphaned(launch):
     fake = launch("m", "--max-model-len", "4096")
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     engine = fake.engine()
     fake.proc.kill()
     assert fake.wait() == -signal.SIGKILL
@@ -463,7 +468,7 @@ def test_api_server_sigkill_leaves_the_engine_orphaned(launch):
 
 def test_engine_can_be_made_to_die_with_its_parent(launch):
     fake = launch("m", "--max-model-len", "4096", scenario={"engine_survives_parent": False})
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     engine = fake.engine()
     fake.proc.kill()
     fake.wait()
@@ -473,7 +478,7 @@ def test_engine_can_be_made_to_die_with_its_parent(launch):
 
 def test_ignore_sigterm_needs_sigkill(launch):
     fake = launch("m", "--max-model-len", "4096", scenario={"ignore_sigterm": True})
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     fake.proc.send_signal(signal.SIGTERM)
     with pytest.raises(subprocess.TimeoutExpired):
         fake.proc.wait(0.5)
@@ -493,7 +498,7 @@ def test_sigterm_during_startup_is_a_keyboard_interrupt(launch):
 
 def test_hang_after_accepts_but_never_answers(launch):
     fake = launch("m", "--max-model-len", "4096", scenario={"hang_after": 0.2})
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     time.sleep(0.3)                       # past hang_after (a scenario timer, not a race)
     with pytest.raises(httpx.ReadTimeout):
         httpx.get(fake.url + "/health", timeout=0.5)
@@ -589,7 +594,7 @@ def test_like_real_kv_cache_default_context(launch):
 
 def test_like_real_healthy_and_auto_fit_then_sigterm(launch):
     fake = tiny(launch, "--max-model-len", "65408")
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     assert httpx.get(fake.url + "/v1/models").json()["data"][0]["max_model_len"] == 65408
     fake.wait_for('"GET /v1/models HTTP/1.1" 200 OK', stream="out")
     assert_like_real(fake, "healthy-max-model-len-65408.log",
@@ -602,7 +607,7 @@ def test_like_real_healthy_and_auto_fit_then_sigterm(launch):
                      ordered=["Supported tasks:"])
 
     auto = tiny(launch, "--max-model-len", "auto")
-    auto.wait_for("Application startup complete.")
+    auto.ready()
     auto.proc.send_signal(signal.SIGTERM)
     assert auto.wait() == 0
     assert_like_real(auto, "autofit-then-sigterm.log",
@@ -622,7 +627,7 @@ def test_like_real_healthy_and_auto_fit_then_sigterm(launch):
 
 def test_like_real_engine_killed_while_serving(launch):
     fake = tiny(launch, "--max-model-len", "65408")
-    fake.wait_for("Application startup complete.")
+    fake.ready()
     fake.engine().kill()
     assert fake.wait() == 0
     assert_like_real(fake, "engine-core-killed-while-serving.log",

@@ -77,3 +77,26 @@ class Diagnosis:
 
 
 HEALTHY = Diagnosis(Kind.HEALTHY)
+
+
+def parse_version(version: str | None) -> tuple[int, int, int] | None:
+    """``0.10.2rc3.dev25+gabc`` -> (0, 10, 2); ``0.9`` -> (0, 9, 0); None for unknown or ``dev``."""
+    if not version:
+        return None
+    parts: list[int] = []
+    for piece in version.strip().lstrip("v").split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != piece:
+            break
+    if not parts:
+        return None
+    while len(parts) < 3:
+        parts.append(0)
+    return (parts[0], parts[1], parts[2])

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from supervisor.model import parse_version  # re-exported for the plan and gpu modules
+
 #: config.json dtype names -> bytes per element.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8,
                "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
@@ -93,21 +95,6 @@ def _rope(cfg: dict[str, Any]) -> dict[str, Any] | None:
     rope = dict(rope)
     rope.setdefault("rope_type", rope.get("type", "default"))
     return rope
-
-
-def parse_version(v: str | None) -> tuple[int, int, int] | None:
-    """'0.9.2' -> (0, 9, 2); '0.10.1rc2' -> (0, 10, 1); None or '' -> None."""
-    if not v:
-        return None
-    parts: list[int] = []
-    for piece in v.lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit()) or "0"
-        parts.append(int(digits))
-        if not piece.isdigit():
-            break
-    while len(parts) < 3:
-        parts.append(0)
-    return (parts[0], parts[1], parts[2])
 
 
 def derive_max_model_len(info: ModelInfo, vllm_version: str | None = None, *,

@@ -14,7 +14,7 @@ from typing import Any
 
 from supervisor.config import RemedyConfig
 from supervisor.flags import Flags, parse_int
-from supervisor.model import Diagnosis, Kind
+from supervisor.model import Diagnosis, Kind, parse_version
 
 EX_CONFIG = 78      # not healable by flags: a person must change something
 EX_TEMPFAIL = 75    # remedies or launch budget exhausted; the GPU may be freed later
@@ -89,19 +89,7 @@ class Context:
 # -- helpers ----------------------------------------------------------------------------------
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
     """``0.10.2rc3.dev25+g...`` -> (0, 10, 2); None when unknown or unparseable."""
-    if not version:
-        return None
-    out: list[int] = []
-    for part in version.split("+")[0].split(".")[:3]:
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out) if out else None
+    return parse_version(version)
 
 
 def default_utilization(version: str | None) -> float:

@@ -149,6 +149,12 @@ def check_bind(host: str, explicit_token: bool) -> None:
 
 # -- redaction ------------------------------------------------------------------------------------
 
+def known_secrets() -> list[str]:
+    """The secret values registered so far (for masking vLLM's own passed-through lines)."""
+    with _known_lock:
+        return sorted(_known, key=len, reverse=True)
+
+
 def register_secret(value: str | None) -> None:
     """Remember a secret value so redact_text() masks it wherever it appears."""
     if value and len(value) >= 4:  # masking a 1-3 character "secret" would shred ordinary text

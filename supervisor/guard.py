@@ -77,6 +77,7 @@ class Guard:
         self._stop_requested = False
         self._heartbeat = time.monotonic()
         self.backoff_until: float | None = None
+        self._secrets: list[bytes] = []
         self.runtime_deaths = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
@@ -373,6 +374,9 @@ class Guard:
     def _on_line(self, line: bytes, stream: str) -> None:
         if self.cfg.quiet:
             return
+        for secret in self._secrets:      # vLLM prints its own args ("non-default args: {...}")
+            if secret in line:
+                line = line.replace(secret, b"***")
         if self.live is not None:
             self.live.note_progress(line)
             self.live.above(line, sys.stdout if stream == "stdout" else sys.stderr)

@@ -106,7 +106,7 @@ class Prober:
         lowered = text.lower()
         if self.endpoint == CHAT and r.status_code in (400, 422) and "chat template" in lowered:
             return ProbeResult(False, latency, r.status_code, error="no chat template"), COMPLETIONS
-        if self.endpoint in (CHAT, COMPLETIONS) and r.status_code in (400, 404, 405, 422) and (
+        if self.endpoint in (CHAT, COMPLETIONS) and r.status_code in (400, 404, 405, 422, 501) and (
                 "does not support" in lowered or "embedding" in lowered or "pooling" in lowered):
             return ProbeResult(False, latency, r.status_code, error="pooling model"), EMBEDDINGS
         return ProbeResult(False, latency, r.status_code, error=f"HTTP {r.status_code}: {text[:300]}",

@@ -85,12 +85,15 @@ async def prepare(g: "Guard") -> None:
         raise Refused(str(e), EX_TEMPFAIL) from None
     auth.register_env_secrets(g.environ)
     auth.register_secret(g.requested.get("--api-key"))
+    for value in auth.argv_secrets(g.requested.argv()):
+        auth.register_secret(value)
     for p in procs.sweep_orphans(env.state_dir, grace=min(cfg.stop_grace, 10.0)):
         log.warning(f"ended a process left by a previous guard: pid {p.get('pid')} "
                     f"{p.get('name')} ({' '.join(p.get('cmdline') or [])[:120]})")
     _check_port(g)
     _gpu_facts(g)
     _start_status(g)
+    g._secrets = [s.encode() for s in auth.known_secrets()]
     if g.notifier is not None:
         g.notifier.ready()         # supervising now; model loads can outlast start timeouts
     g.vllm_version = detect_version(cfg.vllm_command)

@@ -279,3 +279,20 @@ def test_learned_flags_that_fail_are_dropped(run, tmp_path):
     assert s["launches"][0]["kind"] == "kv_cache_insufficient"
     assert "forgetting them" in again.output()
     assert again.terminate() == 0
+
+
+@pytest.mark.parametrize("quirk,endpoint", [("no_chat_template", "completions"), ("pooling", "embeddings")])
+def test_probe_falls_back_for_models_without_chat(run, quirk, endpoint):
+    g = run({"version": "0.32.0", "model": LLAMA8B, quirk: True}, vllm_args=["--max-model-len", "8192"])
+    s = g.wait_healthy(launches=1)
+    assert s["last_probe"]["ok"] and s["last_probe"]["endpoint"] == endpoint
+    assert g.terminate() == 0
+
+
+def test_probe_uses_api_key_and_served_model_name(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B},
+            vllm_args=["--max-model-len", "8192", "--api-key", "sekrit", "--served-model-name", "alias"])
+    s = g.wait_healthy(launches=1)
+    assert s["last_probe"]["ok"]
+    assert "sekrit" not in str(s) and "sekrit" not in g.output()
+    assert g.terminate() == 0

@@ -133,8 +133,9 @@ def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int
     """V0 profiles a whole ``max_model_len`` at once unless chunked prefill is on (vLLM turns it
     on by itself only above 32768): a shorter length would then raise the activation peak and
     shrink the very KV cache the estimate was made for. Chunked prefill keeps the peak fixed."""
-    if not is_v0(d, ctx) or flags.has(CHUNKED) or (new_len is not None and new_len > 32768):
-        return flags, []
+    v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
+    if v is None or v >= (0, 8) or flags.has(CHUNKED) or (new_len is not None and new_len > 32768):
+        return flags, []      # only for a V0 we know of: an unknown vLLM gets no extra flag
     why = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps "
            "the memory profile, and so the KV cache, as measured")
     return flags.set(CHUNKED), [Change(CHUNKED, None, "", why)]

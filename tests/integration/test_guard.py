@@ -296,3 +296,21 @@ def test_probe_uses_api_key_and_served_model_name(run):
     assert s["last_probe"]["ok"]
     assert "sekrit" not in str(s) and "sekrit" not in g.output()
     assert g.terminate() == 0
+
+
+def test_ready_flips_with_vllm_health(run):
+    import httpx
+
+    g = run({"version": "0.32.0", "model": LLAMA8B, "speed": 0.4, "engine_death_after": 1.0,
+             "death_count": 1}, vllm_args=["--max-model-len", "8192"])
+    url = f"http://127.0.0.1:{g.status_port}"
+    g.wait_for(lambda s: s["state"] == "starting", 30, "starting")
+    assert httpx.get(url + "/ready").status_code == 503
+    assert httpx.get(url + "/healthz").status_code == 200
+    g.wait_healthy(launches=1)
+    assert httpx.get(url + "/ready").status_code == 200
+    g.wait_for(lambda s: s["state"] != "healthy", 30, "the engine death")
+    assert httpx.get(url + "/ready").status_code == 503
+    g.wait_healthy(launches=2)
+    assert httpx.get(url + "/ready").status_code == 200
+    assert g.terminate() == 0

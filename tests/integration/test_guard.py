@@ -314,3 +314,30 @@ def test_ready_flips_with_vllm_health(run):
     g.wait_healthy(launches=2)
     assert httpx.get(url + "/ready").status_code == 200
     assert g.terminate() == 0
+
+
+def test_sd_notify_ready_status_watchdog_stopping_on_a_real_socket(run, tmp_path):
+    import socket as sk
+
+    path = str(tmp_path / "notify.sock")
+    sock = sk.socket(sk.AF_UNIX, sk.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"],
+            env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+    g.wait_healthy(launches=1)
+    assert g.terminate() == 0
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096).decode())
+        except (TimeoutError, sk.timeout):
+            break
+    sock.close()
+    text = "\n".join(messages)
+    assert "READY=1" in text and "WATCHDOG=1" in text and "STOPPING=1" in text
+    statuses = [m for m in messages if m.startswith("STATUS=")]
+    assert any("starting" in m for m in statuses) and any("healthy" in m for m in statuses)
+    ready_at = next(i for i, m in enumerate(messages) if "READY=1" in m)
+    healthy_at = next(i for i, m in enumerate(messages) if m.startswith("STATUS=healthy"))
+    assert ready_at < healthy_at     # READY once supervising, not after the model loads

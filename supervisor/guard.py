@@ -329,6 +329,8 @@ class Guard:
                               self.cfg.health.failures, self.cfg.stop_grace)
         child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
         watcher = Watcher(child, prober, timers, hooks, self._control)
+        if flags.get("--max-model-len") in ("auto", "-1"):
+            watcher.min_model_len = self.cfg.remedies.min_model_len
         child.on_line = watcher.line
         self._watcher = watcher
         self.child = child
@@ -400,6 +402,11 @@ class Guard:
         self.launches[-1]["outcome"] = "healthy"
         self.launches[-1]["time_to_healthy_s"] = round(seconds, 1)
         self.healthy_since = time.time()
+        chosen = self._watcher.classifier.numbers.get("auto_fit_max_model_len") if self._watcher else None
+        if chosen and self.current.get("--max-model-len") in ("auto", "-1"):
+            self.notes["--max-model-len"] = FlagNote(
+                f"auto ({chosen})", self.requested.get("--max-model-len"),
+                f"vLLM's auto-fit chose {chosen} tokens for the KV cache", "plan")
         startup.release_turn(self)      # the next vLLM on this GPU may start profiling now
         self._to(State.HEALTHY, f"launch {n} serves")
         total = time.monotonic() - self.started

@@ -70,6 +70,7 @@ class Watcher:
     first_fatal: Diagnosis | None = None
     fatal_at: float | None = None
     last_output: float = field(default_factory=time.monotonic)
+    min_model_len: int = 0          # > 0 when the launch uses --max-model-len auto: its floor
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
@@ -82,6 +83,23 @@ class Watcher:
         elif not self._ready_hint and self.classifier.serving:
             self._ready_hint = True      # "Application startup complete.": probe now, not later
             self._nudge.set()
+        if self.min_model_len and self.first_fatal is None:
+            self._check_auto_fit()
+
+    def _check_auto_fit(self) -> None:
+        """``--max-model-len auto`` has no floor of its own: hold vLLM's choice to ours."""
+        chosen = self.classifier.numbers.get("auto_fit_max_model_len")
+        if chosen is None or chosen >= self.min_model_len:
+            return
+        self.first_fatal = Diagnosis(
+            Kind.KV_CACHE_INSUFFICIENT,
+            evidence=f"Auto-fit max_model_len: vLLM chose {chosen} tokens, below the floor "
+                     f"--min-model-len {self.min_model_len}",
+            numbers={"fit_max_model_len": chosen},
+            phase=self.classifier.phase,
+            detail=f"vLLM's auto-fit chose {chosen} tokens, below the floor {self.min_model_len}")
+        self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
+        self._nudge.set()
 
     def __post_init__(self) -> None:
         self._nudge = asyncio.Event()
@@ -189,7 +207,11 @@ class Watcher:
         return max(0.01, min(deadlines))
 
     def _verdict(self, code: int | None) -> Diagnosis:
-        return self.classifier.diagnose(code)
+        d = self.classifier.diagnose(code)
+        if d.kind is Kind.HEALTHY and self.first_fatal is not None \
+                and self.first_fatal.evidence.startswith("Auto-fit"):
+            return self.first_fatal      # our own floor check, not a vLLM failure
+        return d
 
     def _ended(self, code: int | None, healthy_at: float | None, started: float,
                how: str) -> LaunchResult:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import structlog
 import tenacity
 
-from supervisor import auth, procs, state
+from supervisor import auth, config, procs, state
 from supervisor.config import BackoffConfig, ConfigError
 from supervisor.flags import Flags
 from supervisor.remedy import EX_CONFIG, EX_TEMPFAIL
@@ -71,7 +71,7 @@ def redact_text(text: str | None) -> str | None:
 async def prepare(g: "Guard") -> None:
     cfg = g.cfg
     env = g.env_start
-    env.state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or default_state_dir(g.environ)))
+    env.state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or config.default_state_dir(g.environ)))
     if not cfg.model:
         raise ConfigError("no model: pass --model MODEL (or set model = ... in the config file)")
     try:
@@ -110,18 +110,6 @@ def _check_port(g: "Guard") -> None:
             f"port {g.port} is already served by another vllm-guard's vLLM (pid {info.get('pid')}, "
             f"{' '.join(info.get('cmdline') or [])[:160]}); stop that guard or choose another "
             f"--port", EX_CONFIG)
-
-
-def default_state_dir(environ: dict[str, str]) -> str:
-    from supervisor import config
-
-    fn = getattr(config, "default_state_dir", None)
-    if fn is not None:
-        return fn(environ)
-    if environ.get("STATE_DIRECTORY"):
-        return environ["STATE_DIRECTORY"].split(":")[0]
-    base = environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "vllm-guard")
 
 
 def _start_status(g: "Guard") -> None:

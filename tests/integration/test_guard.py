@@ -341,3 +341,21 @@ def test_sd_notify_ready_status_watchdog_stopping_on_a_real_socket(run, tmp_path
     ready_at = next(i for i, m in enumerate(messages) if "READY=1" in m)
     healthy_at = next(i for i, m in enumerate(messages) if m.startswith("STATUS=healthy"))
     assert ready_at < healthy_at     # READY once supervising, not after the model loads
+
+
+def test_auto_fit_below_the_floor_is_caught(run):
+    """--max-model-len auto (0.14+) has no floor: the guard holds vLLM's choice to --min-model-len."""
+    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 19.5}},
+            guard_args=["--min-model-len", "8192"], vllm_args=["--max-model-len", "auto"])
+    s = g.wait_for(lambda s: len(s["launches"]) >= 2, 60, "a relaunch after auto-fit")
+    first = s["launches"][0]
+    assert first["kind"] == "kv_cache_insufficient" and "below the floor" in first["evidence"]
+    assert argv_flag(s["launches"][1]["argv"], "--kv-cache-dtype") == "fp8"
+    g.terminate()
+
+
+def test_auto_fit_choice_is_reported(run):
+    g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "auto"])
+    s = g.wait_healthy(launches=1)
+    assert s["changed_flags"]["--max-model-len"]["value"].startswith("auto (")
+    assert g.terminate() == 0

@@ -359,3 +359,24 @@ def test_auto_fit_choice_is_reported(run):
     s = g.wait_healthy(launches=1)
     assert s["changed_flags"]["--max-model-len"]["value"].startswith("auto (")
     assert g.terminate() == 0
+
+
+def test_ray_head_node_worker_death_relaunches_the_engine(run, tmp_path):
+    """vllm serve --distributed-executor-backend ray on the head node: a Ray worker death is
+    classified engine_dead and the engine is relaunched with the same flags."""
+    from supervisor import procs
+
+    state = tmp_path / "state"
+    ray_log = ROOT / "tests" / "fixtures" / "logs" / "v0" / "0.6.0-ray-worker-died.log"
+    second_launch = f"{procs.state_id(str(state))}:2"     # the guard's marker on its 2nd launch
+    g = run({"version": "0.32.0", "model": LLAMA8B, "replay": str(ray_log),
+             "heal_when": {"env": {"VLLMGUARD_LAUNCH": second_launch}}},
+            vllm_args=["--max-model-len", "8192", "--distributed-executor-backend", "ray",
+                       "--tensor-parallel-size", "1"],
+            state_dir=state)
+    s = g.wait_healthy(launches=2)
+    first, second = s["launches"]
+    assert first["kind"] == "engine_dead" and "worker died" in first["evidence"].lower()
+    assert first["argv"] == second["argv"]
+    assert "--distributed-executor-backend" in second["argv"]
+    assert g.terminate() == 0

@@ -134,7 +134,8 @@ def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int
     on by itself only above 32768): a shorter length would then raise the activation peak and
     shrink the very KV cache the estimate was made for. Chunked prefill keeps the peak fixed."""
     v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
-    if v is None or v >= (0, 8) or flags.has(CHUNKED) or (new_len is not None and new_len > 32768):
+    if v is None or not (0, 5) <= v < (0, 8) or flags.has(CHUNKED) or (
+            new_len is not None and new_len > 32768):
         return flags, []      # only for a V0 we know of: an unknown vLLM gets no extra flag
     why = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps "
            "the memory profile, and so the KV cache, as measured")

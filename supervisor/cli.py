@@ -29,10 +29,11 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
 
 def _run_start(args: argparse.Namespace) -> int:
     from supervisor import config, logs
-    from supervisor.guard import Guard
+    from supervisor.guard import Guard, vllm_endpoint
 
     try:
         cfg = config.resolve(args, os.environ)
+        vllm_endpoint(cfg)
     except config.ConfigError as e:
         print(f"vllm-guard: configuration error: {e}", file=sys.stderr)
         return 78

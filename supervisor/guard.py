@@ -35,6 +35,15 @@ MANAGED = ("--host", "--port", "--model")
 EX_SOFTWARE = 70
 
 
+def vllm_endpoint(cfg: GuardConfig) -> tuple[str, int]:
+    """Where vLLM will listen: ``--host``/``--port`` in the vLLM args win over the guard's own."""
+    flags = Flags.parse(list(cfg.vllm_args))
+    port = flags.get("--port")
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"--port {port!r} in the vLLM arguments is not a port number")
+    return flags.get("--host") or cfg.host, int(port) if port else cfg.port
+
+
 @dataclass
 class FlagNote:
     """Why a flag differs from what the user asked, and who decided it."""
@@ -55,8 +64,7 @@ class Guard:
         self._watcher: Watcher | None = None
         self.lifecycle = Lifecycle()
         self.requested = Flags.parse(list(cfg.vllm_args))
-        self.host = self.requested.get("--host") or cfg.host
-        self.port = int(self.requested.get("--port") or cfg.port)
+        self.host, self.port = vllm_endpoint(cfg)
         self.current = self.requested
         self.notes: dict[str, FlagNote] = {}
         self.launches: list[dict[str, Any]] = []

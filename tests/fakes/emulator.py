@@ -110,7 +110,7 @@ def _fail(kind: str, phase: str, numbers: dict) -> Outcome:
 def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, str], *,
              block_size: int = 16, activation_gib: float | None = None,
              cudagraph_gib: float = 0.5, context_gib: float = 0.4,
-             non_torch_gib: float = 0.1, env: Mapping[str, str] | None = None) -> Outcome:
+             non_torch_gib: float | None = None, env: Mapping[str, str] | None = None) -> Outcome:
     """Run the start-up arithmetic of ``version`` for ``flags`` (canonical names -> values, ``""``
     for booleans); ``env`` carries ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` / ``VLLM_USE_V1``."""
     env = dict(env or {})
@@ -138,6 +138,10 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
     except ValueError as exc:
         n["detail"] = f"invalid value: {exc}"
         return _fail("config_error", "config", n)
+    if non_torch_gib is None:
+        # NCCL and custom all-reduce buffers: ~0.1 GiB alone, 0.25 GiB observed at TP=2
+        # (vllm-memory-model.md §1.7).
+        non_torch_gib = 0.25 if tp * pp > 1 else 0.1
     n["requested_utilization"] = util
     if not 0.0 < util <= 1.0:
         n["detail"] = "gpu_memory_utilization out of range"

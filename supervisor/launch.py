@@ -104,6 +104,8 @@ class Watcher:
     def __post_init__(self) -> None:
         self._nudge = asyncio.Event()
         self._ready_hint = False
+        self._lost: list[int] = []
+        self._probed_fatal = False
 
     async def run(self) -> LaunchResult:
         t = self.timers
@@ -134,7 +136,10 @@ class Watcher:
                     return self._ended(code, healthy_at, started,
                                        f"vLLM exited with code {code}")
                 # -- a fatal line: collect what follows briefly, then stop without waiting --
-                if self.fatal_at is not None and now >= self.fatal_at + t.collect_after_fatal:
+                # (While serving, a fatal-looking line alone does not end a launch that still
+                # answers: the exit, a lost engine process or failed probes decide.)
+                if self.fatal_at is not None and now >= self.fatal_at + t.collect_after_fatal \
+                        and (healthy_at is None or self._lost):
                     code = await self.child.stop(t.stop_grace)
                     return self._ended(code, healthy_at, started, "fatal error")
                 # -- probes: one at a time, never blocking this loop --
@@ -164,7 +169,11 @@ class Watcher:
                                                 None, code)
                     next_probe = time.monotonic() + (
                         t.health_interval if healthy_at is not None else t.startup_probe_interval)
-                if probe_task is None and now >= next_probe and self.fatal_at is None:
+                if healthy_at is not None and self.fatal_at is not None and not self._probed_fatal:
+                    self._probed_fatal = True      # a fatal line while serving: check now
+                    next_probe = now
+                if probe_task is None and now >= next_probe and (
+                        self.fatal_at is None or healthy_at is not None):
                     probe_task = asyncio.ensure_future(self.prober.probe())
                 # -- a lost engine process while the API server lingers --
                 if healthy_at is not None and now >= next_engine_check:
@@ -202,7 +211,7 @@ class Watcher:
 
     def _tick(self, now: float, next_probe: float, healthy_at: float | None) -> float:
         deadlines = [next_probe - now, 1.0]
-        if self.fatal_at is not None:
+        if self.fatal_at is not None and (healthy_at is None or self._lost):
             deadlines.append(self.fatal_at + self.timers.collect_after_fatal - now)
         return max(0.01, min(deadlines))
 
@@ -216,7 +225,7 @@ class Watcher:
     def _ended(self, code: int | None, healthy_at: float | None, started: float,
                how: str) -> LaunchResult:
         d = self._verdict(code)
-        lost = getattr(self, "_lost", None)
+        lost = self._lost
         if d.kind is Kind.HEALTHY:   # nothing in the log explains it
             phase = "serving" if healthy_at is not None else self.classifier.phase
             if lost:

@@ -119,20 +119,11 @@ def flag_supported(flag: str, version: str | None) -> bool:
     return v is not None and v >= since
 
 
-def is_v0(d: Diagnosis, ctx: Context) -> bool:
-    """The V0 engine: < 0.8, or (version unknown) the V0 KV wording (a token count, no GiB)."""
-    v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
-    if v is not None:
-        return v < (0, 8)
-    return (d.kind is Kind.KV_CACHE_INSUFFICIENT and d.numbers.get("fit_max_model_len") is not None
-            and d.numbers.get("kv_needed_gib") is None)
-
-
 def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int | None
                           ) -> tuple[Flags, list[Change]]:
-    """V0 profiles a whole ``max_model_len`` at once unless chunked prefill is on (vLLM turns it
-    on by itself only above 32768): a shorter length would then raise the activation peak and
-    shrink the very KV cache the estimate was made for. Chunked prefill keeps the peak fixed."""
+    """V0 (0.5-0.7) refuses ``--max-num-batched-tokens`` below ``max_model_len`` unless chunked
+    prefill is on (it turns it on by itself only above 32768), so there a smaller batch means
+    chunked prefill, which also profiles a chunk instead of the whole context."""
     v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
     if v is None or not (0, 5) <= v < (0, 8) or flags.has(CHUNKED) or (
             new_len is not None and new_len > 32768):
@@ -202,9 +193,7 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             new_len = _align(length // 2, block)    # no progress from the estimate: halve
         why = (f"the KV cache holds about {fit} tokens ({source}), not {length}; "
                f"{new_len} is that, aligned down to the {block}-token block")
-        out = _set(current, MML, str(new_len), why, "max_model_len")
-        flags, extra = _with_chunked_prefill(out.flags, d, ctx, new_len)
-        return Relaunch(flags, out.changes + tuple(extra), out.why, step=out.step)
+        return _set(current, MML, str(new_len), why, "max_model_len")
     if (kv_dtype == "auto" and _allowed(ctx, "kv_cache_fp8") and ctx.fp8_supported is not False
             and "kv_cache_fp8" not in ctx.tried):
         # fp8 halves bytes per token, so the same memory holds twice the tokens.
@@ -321,11 +310,6 @@ def _no_kv(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
 
 def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     dummy = _num(d, "num_dummy_requests")
-    if "oom_profile:chunked_prefill" not in ctx.tried:
-        flags, changes = _with_chunked_prefill(current, d, ctx, current.get_int(MML))
-        if changes:
-            return Relaunch(flags, tuple(changes), "CUDA ran out of memory profiling the whole "
-                            "context at once (vLLM V0)", step="oom_profile:chunked_prefill")
     if "oom_profile:max_num_seqs" not in ctx.tried and _allowed(ctx, "max_num_seqs"):
         new = _halve(current, SEQS, default_max_num_seqs(ctx.vllm_version),
                      ctx.rules.min_max_num_seqs, first=current.get_int(SEQS) or dummy)

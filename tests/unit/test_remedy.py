@@ -234,26 +234,20 @@ def test_suggest_shape():
     assert R.suggest(D(Kind.CONFIG_ERROR, "unrecognized arguments"))["healable"] is False
 
 
-def test_v0_shorter_length_enables_chunked_prefill():
+def test_v0_length_fix_adds_nothing_else():
     d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30864)
     out = R.decide(d, Flags.parse(""), ctx(vllm_version="0.6.6"))
-    assert out.flags.get("--max-model-len") == "30864"
-    assert out.flags.enabled("--enable-chunked-prefill")
-    # V1 (or a V0 length above 32768) does not need it
-    v1 = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30864,
-           kv_needed_gib=16.0, kv_available_gib=3.77)
-    assert not R.decide(v1, Flags.parse(""), ctx(vllm_version="0.10.2")).flags.has(
-        "--enable-chunked-prefill")
-    assert not R.decide(D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=40000),
-                        Flags.parse(""), ctx(vllm_version="0.6.6")).flags.has("--enable-chunked-prefill")
+    assert out.flags.argv() == ["--max-model-len", "30864"]
 
 
-def test_v0_wording_without_version_is_v0():
-    d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=19200)
-    assert R.is_v0(d, ctx())
-
-
-def test_v0_profile_oom_enables_chunked_prefill_first():
-    out = R.decide(D(Kind.OOM_PROFILE), Flags.parse("--max-model-len 32768"),
-                   ctx("--max-model-len 32768", vllm_version="0.6.3"))
-    assert out.step == "oom_profile:chunked_prefill" and out.flags.enabled("--enable-chunked-prefill")
+def test_v0_smaller_batch_means_chunked_prefill():
+    d = D(Kind.NO_KV_CACHE_MEMORY)
+    flags = Flags.parse("--max-model-len 16384 --enforce-eager")
+    out = R.decide(d, flags, ctx("--max-model-len 16384 --enforce-eager", vllm_version="0.6.3",
+                                 tried=("no_kv:gpu_memory_utilization",)))
+    assert out.step == "no_kv:max_num_batched_tokens"
+    assert out.flags.enabled("--enable-chunked-prefill") and not out.flags.has("--max-num-batched-tokens")
+    # unknown version: the universal spelling, a smaller batch
+    out = R.decide(d, flags, ctx("--max-model-len 16384 --enforce-eager",
+                                 tried=("no_kv:gpu_memory_utilization",)))
+    assert out.flags.get("--max-num-batched-tokens") == "1024"

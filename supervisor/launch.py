@@ -179,9 +179,10 @@ class Watcher:
                 if healthy_at is not None and now >= next_engine_check:
                     next_engine_check = now + t.engine_watch_interval
                     lost = self.child.lost_processes()
-                    if lost and self.fatal_at is None:
-                        self.fatal_at = now
+                    if lost and not self._lost:
                         self._lost = lost
+                        if self.fatal_at is None:
+                            self.fatal_at = now
                 # -- start-up deadlines --
                 if healthy_at is None:
                     if now - started > t.startup_timeout:

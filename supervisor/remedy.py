@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import RemedyConfig
-from supervisor.flags import Flags, parse_int
+from supervisor.flags import Flags
 from supervisor.model import Diagnosis, Kind, parse_version
 
 EX_CONFIG = 78      # not healable by flags: a person must change something

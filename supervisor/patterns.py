@@ -1,0 +1,319 @@
+"""The texts vLLM prints, as data: the failure rules, the start-up milestones, the traceback frames
+that place an OOM, and the extractors that read numbers out of a message.
+
+Pure, and separate from the classifier's mechanics (:mod:`supervisor.diagnosis`) so the table of
+what vLLM says (research ``vllm-failures.md``, 0.2 to 0.33) reads on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from supervisor.flags import parse_int
+from supervisor.model import Kind
+
+# --------------------------------------------------------------------------- numbers
+_F = r"(-?\d+(?:\.\d+)?)"
+
+
+def _num(text: str) -> int | float:
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() and "." not in text else value
+
+
+def _mib(value: str, unit: str) -> float:
+    scale = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 1024, "KB": 1 / 1024, "MiB": 1.0, "MB": 1.0,
+             "GiB": 1024.0, "GB": 1024.0, "TiB": 2**20}[unit]
+    return round(float(value) * scale, 4)
+
+
+def _gib(value: str, unit: str) -> float:
+    return round(_mib(value, unit) / 1024, 4) if unit not in ("GiB", "GB") else float(value)
+
+
+_RX_KV_V0 = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that "
+                       r"can be stored in KV cache \((\d+)\)")
+_RX_KV_V1 = re.compile(r"max seq len \((\d+)\), \(" + _F + r" Gi?B KV cache is needed, which is "
+                       r"larger than the available KV cache memory \(" + _F + r" Gi?B\)")
+_RX_KV_EST = re.compile(r"estimated maximum model length is (\d+)")
+_RX_FREE = re.compile(r"Free memory on device(?: \S+)? \(" + _F + "/" + _F + r" GiB\) on startup is "
+                      r"less than (?:desired GPU memory utilization|the engine's budget[^(]*?)\s*\("
+                      + _F + ", " + _F + r" GiB\)")
+_RX_NODE = re.compile(r"Available memory on node \d+ \(" + _F + "/" + _F + r" GiB\) on kv cache allocation is "
+                      r"less than requested memory for kv \(" + _F + r" GiB\)")
+_RX_EXT = re.compile(r"exceed the desired GPU memory utilization \(" + _F + ", " + _F + r" GiB\)")
+_RX_PROF = re.compile(r"Initial free memory " + _F + r" ?GiB, current free memory " + _F + " ?GiB")
+_UNIT = r" ?(GiB|MiB|KiB|bytes|B|GB|MB)"
+_RX_TRIED = re.compile(r"Tried to allocate " + _F + _UNIT)
+_RX_TOTAL_NEW = re.compile(r"total capac(?:i)?ty of " + _F + _UNIT + " of which " + _F + _UNIT + " is free")
+_RX_TOTAL_OLD = re.compile(r"; " + _F + _UNIT + r" total capacity;[^;]*; " + _F + _UNIT + " free")
+_RX_DUMMY = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy requests")
+_RX_DERIVED = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived "
+                         r"max_model_len \((?:(\w+)=)?" + _F + r"(?: or model_max_length=(\w+|[\d.]+))?")
+_RX_BATCHED = re.compile(r"max_num_batched_tokens \((\d+)\) is smaller than max_model_len \((\d+)\)")
+_RX_WORLD = re.compile(r"(?:World|Tensor parallel) size \((\d+)\) (?:is|cannot be) larger than the "
+                       r"number of available GPUs \((\d+)\)")
+
+_RX_VERSION = (
+    re.compile(r"vLLM (?:API )?server version v?(\d+\.\d+[\w.+-]*)"),
+    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\d+\.\d+[\w.+-]*)\)"),
+    re.compile(r"^vLLM Version: v?(\d+\.\d+[\w.+-]*)"),
+)
+_RX_LOGO = re.compile(r"(?:^|\s)version\s+v?(\d+\.\d+[\w.+-]*)")
+_RX_BLOCK = re.compile(r"(?<![\w])block_size['\"]?\s*[=:]\s*(\d+)")
+_RX_MAXSEQ = re.compile(r"(?<![\w])max_seq_len=(\d+)")
+_RX_ARG_LEN = re.compile(r"['\"]?max_model_len['\"]?\s*[=:]\s*(\d+)")
+_RX_CMD_LEN = re.compile(r"--max[-_]model[-_]len[= ]+['\"]?([\w.]+)")
+_RX_CMD_UTIL = re.compile(r"--gpu[-_]memory[-_]utilization[= ]+['\"]?(\d*\.?\d+)")
+_COMMANDS = ("vllm serve", "$ vllm", "$ python", "python -m vllm", "python3 -m vllm", "+ vllm", "docker run",
+             "CUDA_VISIBLE_DEVICES=", "VLLM_")
+_RX_ARG_UTIL = re.compile(r"['\"]?gpu_memory_utilization['\"]?\s*[=:]\s*" + _F)
+_RX_AUTOFIT = re.compile(r"Auto-fit max_model_len: (?:reduced from (\d+) to (\d+)|full model context length (\d+))")
+_RX_KVTOK = re.compile(r"KV cache size: ([\d,]+) tokens")
+_RX_BLOCKS = re.compile(r"# (?:GPU|cuda|npu|xpu|hpu) blocks: (\d+)")
+_RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + r" ?(GiB|GB)")
+_RX_AVAIL = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is) "
+                       + _F + r" ?GiB")
+_RX_SERVED = re.compile(r"Using max model len (\d+)")
+
+
+def _info_numbers(text: str) -> dict[str, Any]:
+    """Numbers stated by milestone and configuration lines (not failures)."""
+    out: dict[str, Any] = {}
+    if "version" in text or "engine (v" in text:
+        for rx in _RX_VERSION:
+            m = rx.search(text)
+            if m:
+                out["vllm_version"] = m.group(1).rstrip(".,")
+                break
+    if "block_size" in text:
+        m = _RX_BLOCK.search(text)
+        if m:
+            out["block_size"] = int(m.group(1))
+    if "max_seq_len=" in text:
+        m = _RX_MAXSEQ.search(text)
+        if m:
+            out["config_max_seq_len"] = int(m.group(1))
+    if text.startswith(("non-default args", "args: Namespace", "args:")):
+        m = _RX_ARG_LEN.search(text)
+        if m:
+            out["max_model_len"] = int(m.group(1))
+        m = _RX_ARG_UTIL.search(text)
+        if m:
+            out["requested_utilization"] = float(m.group(1))
+    if text.startswith(_COMMANDS):   # the command line an issue report pastes above the log
+        m = _RX_CMD_LEN.search(text)
+        if m and parse_int(m.group(1)):
+            out["max_model_len"] = parse_int(m.group(1))
+        m = _RX_CMD_UTIL.search(text)
+        if m:
+            out["requested_utilization"] = float(m.group(1))
+    for rx, key, conv in (
+        (_RX_KVTOK, "kv_cache_tokens", lambda m: int(m.group(1).replace(",", ""))),
+        (_RX_BLOCKS, "num_gpu_blocks", lambda m: int(m.group(1))),
+        (_RX_LOADED, "model_loading_gib", lambda m: float(m.group(1))),
+        (_RX_AVAIL, "available_kv_gib", lambda m: float(m.group(1))),
+        (_RX_SERVED, "served_max_model_len", lambda m: int(m.group(1))),
+    ):
+        m = rx.search(text)
+        if m:
+            out[key] = conv(m)
+    m = _RX_AUTOFIT.search(text)
+    if m:
+        out["auto_fit_max_model_len"] = int(m.group(2) or m.group(3))
+    return out
+
+
+def _oom_numbers(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _RX_TRIED.search(text)
+    if m:
+        out["tried_to_allocate_mib"] = _mib(m.group(1), m.group(2))
+    m = _RX_TOTAL_NEW.search(text) or _RX_TOTAL_OLD.search(text)
+    if m:
+        out["total_gib"] = _gib(m.group(1), m.group(2))
+        out["free_gib"] = _gib(m.group(3), m.group(4))
+    m = _RX_DUMMY.search(text)
+    if m:
+        out["num_dummy_requests"] = int(m.group(1))
+    return out
+
+
+def _kv_numbers(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _RX_KV_V0.search(text)
+    if m:
+        out["max_model_len"], out["fit_max_model_len"] = int(m.group(1)), int(m.group(2))
+    m = _RX_KV_V1.search(text)
+    if m:
+        out["max_model_len"] = int(m.group(1))
+        out["kv_needed_gib"], out["kv_available_gib"] = float(m.group(2)), float(m.group(3))
+    m = _RX_KV_EST.search(text)
+    if m:
+        out["fit_max_model_len"] = int(m.group(1))
+    return out
+
+
+def _free_numbers(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    m = _RX_FREE.search(text)
+    if m:
+        out["free_gib"], out["total_gib"] = float(m.group(1)), float(m.group(2))
+        out["requested_utilization"], out["requested_gib"] = float(m.group(3)), float(m.group(4))
+        return out
+    m = _RX_NODE.search(text)   # the CPU backend: KV space asked for vs. the NUMA node's free memory
+    if m:
+        out["free_gib"], out["total_gib"], out["requested_gib"] = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        return out
+    m = _RX_EXT.search(text)
+    if m:
+        out["requested_utilization"], out["requested_gib"] = float(m.group(1)), float(m.group(2))
+    m = _RX_PROF.search(text)
+    if m:
+        out["initial_free_gib"], out["free_gib"] = float(m.group(1)), float(m.group(2))
+    return out
+
+
+def _len_numbers(text: str) -> dict[str, Any]:
+    m = _RX_DERIVED.search(text)
+    if not m:
+        return {}
+    out: dict[str, Any] = {"max_model_len": int(m.group(1)), "derived_max_model_len": int(float(m.group(3)))}
+    if m.group(2):
+        out["derived_max_model_len_key"] = m.group(2)
+    return out
+
+
+def _config_numbers(text: str) -> dict[str, Any]:
+    m = _RX_BATCHED.search(text)
+    if m:
+        return {"max_num_batched_tokens": int(m.group(1)), "max_model_len": int(m.group(2))}
+    m = _RX_WORLD.search(text)
+    if m:
+        return {"tensor_parallel_size": int(m.group(1)), "available_gpus": int(m.group(2))}
+    return {}
+
+
+# --------------------------------------------------------------------------- rules
+# Priorities: a specific root cause (30) beats collateral failures such as NCCL or a dead Ray
+# actor (25), which beat the generic wrappers that only say "see above" (10).
+_OOM, _CAPTURE, _CUDA = "oom", "capture", "cuda"   # kinds resolved from where the failure happened
+_TERM = "term"
+
+# (substrings, kind, priority, number extractor, fatal even at WARNING level)
+_RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
+    (("stored in KV cache (", "KV cache is needed, which is larger than the available KV cache"),
+     Kind.KV_CACHE_INSUFFICIENT, 30, _kv_numbers),
+    (("Cannot auto-fit max_model_len", "No available memory for the cache blocks"),
+     Kind.NO_KV_CACHE_MEMORY, 30, None),
+    (("on startup is less than", "Externally held weights on device", "Error in memory profiling",
+      "on kv cache allocation is less than requested memory"),
+     Kind.INSUFFICIENT_FREE_MEMORY, 30, _free_numbers),
+    # Ray's *host* memory monitor killed a task: not a GPU remedy's business (restart with backoff).
+    (("node running low on memory",), Kind.ENGINE_DEAD, 30, None),
+    (("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
+      "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
+      "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
+      "DefaultCPUAllocator: can't allocate memory", "Tried to allocate"),
+     _OOM, 30, _oom_numbers),
+    (("is greater than the derived max_model_len",), Kind.MAX_LEN_EXCEEDS_MODEL, 30, _len_numbers),
+    (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
+      "Invalid repository ID or local directory", "is not a local folder and is not a valid model identifier",
+      "Repository Not Found for url", "Could not detect config format", "does not appear to have a file named",
+      "Repo id must be in the form", "HFValidationError", "LocalEntryNotFoundError", "GatedRepoError",
+      "RepositoryNotFoundError", "RevisionNotFoundError", "be authenticated to access it",
+      "is restricted and you are not in the authorized list", "Can't load tokenizer", "Can't load the configuration of",
+      "Unrecognized model in", "does not recognize this architecture", "Cannot find the config file for",
+      "is not supported for quantization method", "does not match the quantization method",
+      "Cannot re-initialize CUDA in forked subprocess", "no kernel image is available",
+      "NVIDIA driver on your system is too old", "Torch not compiled with CUDA enabled",
+      "Ray does not allocate any GPUs", "is not supported by PagedAttention", "only supports Ampere GPUs or newer",
+      "must be divisible by pipeline parallel size",
+      "Cannot find an appropriate cached snapshot folder",
+      "Cannot access gated repo", "You are trying to access a gated repo", "You must be authenticated to access it",
+      "Please enable access to public gated repositories", "401 Client Error", "403 Client Error",
+      "are not supported for now", "Cannot find model module", "No model architectures are specified",
+      "Address already in use", "address already in use",
+      "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
+      "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
+      "FP8 KV cache not yet supported", "not supported in this architecture", "is not valid for this configuration",
+      "is not supported for the current GPU", "Quantization scheme is not supported", "Unknown quantization method",
+      "is larger than the number of available GPUs", "cannot be larger than the number of available GPUs",
+      "Unable to load Ray", "exceeds the total number of available GPUs", "Cannot provide a placement group",
+      "must be divisible by tensor parallel size", "Bfloat16 is only supported on GPUs",
+      "V0 attention backends have been removed", "Too large swap space", "GPU memory utilization must be",
+      "is smaller than max_model_len", "No CUDA GPUs are available", "Found no NVIDIA driver",
+      "CUDA driver version is insufficient", "Failed to infer device type",
+      "requires you to execute the configuration file", "contains custom code which must be executed",
+      "We couldn't connect to 'https://huggingface.co'", "Input should be less than or equal to"),
+     Kind.CONFIG_ERROR, 30, _config_numbers),
+    (("BackendCompilerFailed", "InductorError", "torch._dynamo.exc", "torch._inductor.exc",
+      "stream is capturing", "cudaErrorStreamCaptureUnsupported", "CUDA graph capture failed"),
+     _CAPTURE, 30, None),
+    (("illegal memory access", "CUDA error:", "device-side assert", "CUBLAS_STATUS_", "Segmentation fault",
+      "Fatal Python error", "core dumped", "CUDA kernel errors might be asynchronously reported"),
+     _CUDA, 30, None),
+    (("NCCL error", "DistBackendError", "ncclUnhandledCudaError", "ncclInternalError", "ncclSystemError",
+      "RayActorError", "ActorDiedError", "The actor died unexpectedly", "A worker died or was killed",
+      "RaySystemError", "RayTaskError", "collective operation timeout", "DistStoreError",
+      "terminate called after throwing",
+      "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out"),
+     Kind.ENGINE_DEAD, 25, None),
+    (("validation error for", "failed to be inspected"), Kind.CONFIG_ERROR, 20, None),
+    (("Engine core initialization failed", "EngineCore initialization failed",
+      "EngineCore_0 initialization failed", "EngineCore failed to start", "EngineCore encountered",
+      "EngineCore hit an exception", "Got fatal signal from worker processes", "EngineDeadError",
+      "Engine process failed to start", "RPCServer process died", "died unexpectedly",
+      "terminating server process", "Engine loop is not running", "Background loop has errored",
+      "Background loop is not running", "Background loop is stopped", "WorkerProc initialization failed",
+      "WorkerProc failed to start", "WorkerProc hit an exception", "Executor failed", "died.')",
+      "Worker failed with error", "Task finished unexpectedly", "output_handler failed",
+      "Engine background task failed", "engine core exited unexpectedly"),
+     Kind.ENGINE_DEAD, 10, None),
+)
+_KEYS = tuple((key, i) for i, rule in enumerate(_RULES) for key in rule[0])
+
+# Start-up milestones, matched at the start of the message (research §2).
+_MILESTONES: tuple[tuple[str, str], ...] = (
+    ("vLLM API server version", "config"), ("vLLM server version", "config"),
+    ("non-default args", "config"), ("args: Namespace", "config"), ("Using max model len", "config"),
+    ("Initializing a V1 LLM engine", "engine_init"), ("Initializing a V0 LLM engine", "engine_init"),
+    ("Initializing an LLM engine", "engine_init"), ("Started engine process", "engine_init"),
+    ("Starting to load model", "loading"), ("Loading safetensors checkpoint shards", "loading"),
+    ("Loading pt checkpoint shards", "loading"), ("Loading weights took", "loading"),
+    ("Loading model weights took", "profiling"), ("Model loading took", "profiling"),
+    ("Memory profiling takes", "profiling"), ("Dynamo bytecode transform time", "profiling"),
+    ("Compiling a graph for", "profiling"), ("torch.compile takes", "profiling"),
+    ("Estimated CUDA graph memory", "profiling"), ("the current vLLM instance can use", "profiling"),
+    ("model weights take", "kv_cache"), ("Available KV cache memory", "kv_cache"),
+    ("# GPU blocks", "kv_cache"), ("# cuda blocks", "kv_cache"), ("# CPU blocks", "kv_cache"),
+    ("GPU KV cache size", "kv_cache"), ("GPU + host KV cache size", "kv_cache"),
+    ("CPU KV cache size", "kv_cache"), ("Maximum concurrency for", "kv_cache"),
+    ("Auto-fit max_model_len", "kv_cache"),
+    ("Capturing the model for CUDA graphs", "cudagraph"), ("Capturing cudagraphs", "cudagraph"),
+    ("Capturing CUDA graph", "cudagraph"),
+    ("Graph capturing finished", "warmup"), ("CUDA graph pool memory", "warmup"),
+    ("init engine (profile", "api_starting"), ("Started server process", "api_starting"),
+    ("Waiting for application startup", "api_starting"), ("Available routes are", "api_starting"),
+    ("Starting vLLM API server", "serving"), ("Starting vLLM server on", "serving"),
+    ("Application startup complete", "serving"), ("Uvicorn running on", "serving"),
+)
+_MILESTONE_PREFIXES = tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
+
+# Traceback frame names -> where the failure happened (research §3.d table). Deepest frame wins.
+_FRAME_PHASE = {
+    **dict.fromkeys(("load_model", "load_weights", "get_model", "initialize_model", "_initialize_model",
+                     "create_weights", "_load_weights", "load_checkpoint"), "loading"),
+    **dict.fromkeys(("profile_run", "determine_available_memory", "determine_num_available_blocks",
+                     "profile", "memory_profiling"), "profiling"),
+    **dict.fromkeys(("initialize_kv_cache", "_allocate_kv_cache_tensors", "initialize_from_config",
+                     "initialize_cache", "_init_cache_engine", "_allocate_kv_cache",
+                     "initialize_kv_cache_tensors", "_reshape_kv_cache_tensors"), "kv_cache"),
+    **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "compile_or_warm_up_model",
+                     "_warm_up_model", "warm_up_model"),
+                    "cudagraph"),
+    **dict.fromkeys(("execute_model", "step", "run_busy_loop", "_process_engine_step",
+                     "step_with_batch_queue", "engine_step", "run_engine_loop", "execute_model_async",
+                     "_process_input_queue", "sample_tokens"), "serving"),
+}

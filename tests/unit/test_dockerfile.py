@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from supervisor import auth, config
+from supervisor.cli import build_parser
 from supervisor.metrics import Metrics
 from supervisor.status import StatusServer
 
@@ -77,16 +78,9 @@ def guard_argv_prefix() -> list[str]:
 
 
 def start_parser() -> Callable[[list[str]], argparse.Namespace]:
-    """The real `vllm-guard start` parser: from the CLI when it imports, else the same options."""
-    try:
-        from supervisor.cli import build_parser
-
-        parser = build_parser()
-        return lambda argv: parser.parse_args(["start", *argv])
-    except ImportError:  # a subcommand module not landed yet: the start options alone
-        bare = argparse.ArgumentParser(prog="vllm-guard start")
-        config.add_start_arguments(bare)
-        return bare.parse_args
+    """The real `vllm-guard start` parser."""
+    parser = build_parser()
+    return lambda argv: parser.parse_args(["start", *argv])
 
 
 def resolve(argv: list[str], environ: dict[str, str]) -> config.GuardConfig:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import pytest
 
 from supervisor import auth, config, procs
+from supervisor.cli import build_parser
 from supervisor.flags import Flags
 
 yaml = pytest.importorskip("yaml")
@@ -136,16 +137,9 @@ def image_facts() -> tuple[list[str], dict[str, str]]:
 
 
 def start_parser() -> Callable[[list[str]], argparse.Namespace]:
-    """The real `vllm-guard start` parser: from the CLI when it imports, else the same options."""
-    try:
-        from supervisor.cli import build_parser
-
-        parser = build_parser()
-        return lambda argv: parser.parse_args(["start", *argv])
-    except ImportError:  # a subcommand module not landed yet: the start options alone
-        bare = argparse.ArgumentParser(prog="vllm-guard start")
-        config.add_start_arguments(bare)
-        return bare.parse_args
+    """The real `vllm-guard start` parser."""
+    parser = build_parser()
+    return lambda argv: parser.parse_args(["start", *argv])
 
 
 SECRET_STANDIN = "value-from-the-secret"

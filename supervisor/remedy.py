@@ -121,9 +121,10 @@ def flag_supported(flag: str, version: str | None) -> bool:
 
 def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int | None
                           ) -> tuple[Flags, list[Change]]:
-    """V0 (0.5-0.7) refuses ``--max-num-batched-tokens`` below ``max_model_len`` unless chunked
-    prefill is on (it turns it on by itself only above 32768), so there a smaller batch means
-    chunked prefill, which also profiles a chunk instead of the whole context."""
+    """V0 (0.5-0.7) turns chunked prefill on by itself only above 32768 tokens; below, it profiles
+    the whole context at once (so the KV cache shrinks as the length does) and refuses
+    ``--max-num-batched-tokens`` below ``max_model_len``. Chunked prefill keeps the profile a chunk.
+    Only for a V0 we know of: an unknown vLLM gets no extra flag."""
     v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
     if v is None or not (0, 5) <= v < (0, 8) or flags.has(CHUNKED) or (
             new_len is not None and new_len > 32768):
@@ -193,7 +194,14 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             new_len = _align(length // 2, block)    # no progress from the estimate: halve
         why = (f"the KV cache holds about {fit} tokens ({source}), not {length}; "
                f"{new_len} is that, aligned down to the {block}-token block")
-        return _set(current, MML, str(new_len), why, "max_model_len")
+        out = _set(current, MML, str(new_len), why, "max_model_len")
+        if length and length > 32768 >= new_len:
+            # V0 measured this capacity with chunked prefill on (automatic above 32768); at the
+            # new length it would profile the whole context and the KV cache would shrink.
+            flags, extra = _with_chunked_prefill(out.flags, d, ctx, None)
+            if extra:
+                return Relaunch(flags, out.changes + tuple(extra), out.why, step="max_model_len")
+        return out
     if (kv_dtype == "auto" and _allowed(ctx, "kv_cache_fp8") and ctx.fp8_supported is not False
             and "kv_cache_fp8" not in ctx.tried):
         # fp8 halves bytes per token, so the same memory holds twice the tokens.
@@ -375,6 +383,12 @@ def _config_error(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     if "address already in use" in text and ctx.port_failures < ctx.rules.port_retries:
         return Relaunch(current, (), "the port is in use; the previous holder may be exiting",
                         backoff=True, step="port_retry")
+    if "chunked" in text and current.has(CHUNKED) and not ctx.requested.has(CHUNKED) \
+            and "undo_chunked_prefill" not in ctx.tried:
+        return Relaunch(current.remove(CHUNKED),
+                        (Change(CHUNKED, "", None, "vLLM refused chunked prefill here; without it"),),
+                        "vLLM refused the chunked prefill the guard had added; relaunching without it",
+                        step="undo_chunked_prefill")
     fp8_refused = any(s in text for s in ("fp8", "kv-cache", "kv_cache_dtype", "kv cache dtype"))
     if fp8_refused and "kv_cache_fp8" in ctx.tried:
         kv = next((p for p in reversed(ctx.previous) if p.kind is Kind.KV_CACHE_INSUFFICIENT), None)

@@ -234,10 +234,33 @@ def test_suggest_shape():
     assert R.suggest(D(Kind.CONFIG_ERROR, "unrecognized arguments"))["healable"] is False
 
 
-def test_v0_length_fix_adds_nothing_else():
+def test_v0_length_below_32k_from_a_longer_one_keeps_chunked_prefill():
+    # V0 measured 30864 with chunked prefill on (automatic above 32768): keep it on below
     d = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30864)
     out = R.decide(d, Flags.parse(""), ctx(vllm_version="0.6.6"))
-    assert out.flags.argv() == ["--max-model-len", "30864"]
+    assert out.flags.get("--max-model-len") == "30864"
+    assert out.flags.enabled("--enable-chunked-prefill")
+    # measured below 32768 already (chunked off): the length alone
+    d2 = D(Kind.KV_CACHE_INSUFFICIENT, max_model_len=32768, fit_max_model_len=19200)
+    assert R.decide(d2, Flags.parse("--max-model-len 32768"),
+                    ctx("--max-model-len 32768", vllm_version="0.6.6")).flags.argv() == [
+        "--max-model-len", "19200"]
+    # V1 or an unknown version: the length alone
+    for version in ("0.10.2", None):
+        assert R.decide(d, Flags.parse(""), ctx(vllm_version=version)).flags.argv() == [
+            "--max-model-len", "30864"]
+
+
+def test_refused_chunked_prefill_is_undone():
+    flags = Flags.parse("--max-model-len 30864 --enable-chunked-prefill")
+    d = D(Kind.CONFIG_ERROR, "ValueError: Sliding window is not supported with chunked prefill")
+    out = R.decide(d, flags, ctx(vllm_version="0.6.6"))
+    assert isinstance(out, R.Relaunch) and out.flags.argv() == ["--max-model-len", "30864"]
+    again = R.decide(d, flags, ctx(vllm_version="0.6.6", tried=("undo_chunked_prefill",)))
+    assert isinstance(again, R.GiveUp)
+    # the user's own chunked prefill is theirs: a config error
+    assert isinstance(R.decide(d, flags, ctx("--enable-chunked-prefill", vllm_version="0.6.6")),
+                      R.GiveUp)
 
 
 def test_v0_smaller_batch_means_chunked_prefill():

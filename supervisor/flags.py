@@ -227,3 +227,33 @@ def parse_int(value: str | None) -> int | None:
         return int(value)
     except (ValueError, IndexError):
         return None
+
+
+#: Flags vLLM removed: name -> (first version without it, what to use instead). From the
+#: per-version flag table in research/vllm-failures.md §4.
+REMOVED_FLAGS: dict[str, tuple[tuple[int, int, int], str]] = {
+    "--swap-space": ((0, 18, 0), "V1 never swaps to CPU; the flag is a no-op and was removed"),
+    "--max-seq-len-to-capture": ((0, 11, 0), "use --max-cudagraph-capture-size"),
+    "--cuda-graph-sizes": ((0, 13, 0), "use --max-cudagraph-capture-size"),
+    "--disable-log-requests": ((0, 17, 0), "request logging is off by default (--enable-log-requests)"),
+    "--use-v2-block-manager": ((0, 10, 0), "the v2 block manager is the only one"),
+    "--preemption-mode": ((0, 11, 0), "V0-only; V1 always recomputes"),
+    "--num-scheduler-steps": ((0, 10, 2), "V0-only multi-step scheduling was removed"),
+    "--disable-frontend-multiprocessing": ((0, 19, 0), "ignored by V1, then removed"),
+    "--calculate-kv-scales": ((0, 28, 0), "removed"),
+    "--guided-decoding-backend": ((0, 12, 0), "use --structured-outputs-config"),
+    "--task": ((0, 13, 0), "use --runner / --convert"),
+    "--worker-use-ray": ((0, 7, 0), "use --distributed-executor-backend ray"),
+    "--engine-use-ray": ((0, 6, 3), "removed"),
+    "--speculative-model": ((0, 8, 3), "use --speculative-config"),
+    "--num-speculative-tokens": ((0, 8, 3), "use --speculative-config"),
+}
+
+
+def removed_flag(name: str, version: tuple[int, int, int] | None) -> str | None:
+    """Why ``name`` is not accepted by vLLM ``version`` (None: it is, or we cannot tell)."""
+    entry = REMOVED_FLAGS.get(canonical(name))
+    if entry is None or version is None or version < entry[0]:
+        return None
+    since, instead = entry
+    return f"{canonical(name)} was removed in vLLM {'.'.join(map(str, since))} ({instead})"

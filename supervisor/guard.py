@@ -51,7 +51,7 @@ class FlagNote:
     value: str | None
     was: str | None
     why: str
-    source: str      # "plan" | "store" | "heal"
+    source: str      # "plan" | "store" | "heal" | "version"
 
 
 class Guard:
@@ -189,6 +189,7 @@ class Guard:
         last_good: Flags | None = None
         attempt_backoff = 0
         while not self._stop_requested:
+            self.current = startup.drop_removed(self, self.current)
             self._to(State.STARTING, f"launch {len(self.launches) + 1}")
             result = await self._launch(self.current)
             if result.end == STOPPED or self._stop_requested:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import RemedyConfig
-from supervisor.flags import Flags
+from supervisor.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
 from supervisor.model import Diagnosis, Kind, parse_version
 
 EX_CONFIG = 78      # not healable by flags: a person must change something
@@ -378,6 +378,21 @@ def _restart(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                     step="restart")
 
 
+def _removed_in_evidence(d: Diagnosis, current: Flags, ctx: Context) -> dict[str, str]:
+    """Flags vLLM calls unrecognized that it removed in an earlier release: name -> why."""
+    text = d.evidence
+    if "unrecognized arguments:" not in text or "drop_removed_flags" in ctx.tried:
+        return {}
+    version = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
+    out: dict[str, str] = {}
+    for token in text.split("unrecognized arguments:", 1)[1].split():
+        name = canonical(token.split("=", 1)[0])
+        if name in REMOVED_FLAGS and current.has(name):
+            since = REMOVED_FLAGS[name][0]
+            out[name] = removed_flag(name, version or since) or ""
+    return out
+
+
 def _config_error(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     text = d.evidence.lower()
     if "address already in use" in text and ctx.port_failures < ctx.rules.port_retries:
@@ -389,6 +404,13 @@ def _config_error(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                         (Change(CHUNKED, "", None, "vLLM refused chunked prefill here; without it"),),
                         "vLLM refused the chunked prefill the guard had added; relaunching without it",
                         step="undo_chunked_prefill")
+    dropped = _removed_in_evidence(d, current, ctx)
+    if dropped:
+        flags = current
+        for name in dropped:
+            flags = flags.remove(name)
+        changes = tuple(Change(n, current.get(n), None, dropped[n]) for n in dropped)
+        return Relaunch(flags, changes, "; ".join(dropped.values()), step="drop_removed_flags")
     fp8_refused = any(s in text for s in ("fp8", "kv-cache", "kv_cache_dtype", "kv cache dtype"))
     if fp8_refused and "kv_cache_fp8" in ctx.tried:
         kv = next((p for p in reversed(ctx.previous) if p.kind is Kind.KV_CACHE_INSUFFICIENT), None)

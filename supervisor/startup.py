@@ -373,6 +373,22 @@ def _version_at_least(g: "Guard", v: tuple[int, ...]) -> bool:
     return have is not None and have >= v
 
 
+def drop_removed(g: "Guard", flags: Flags) -> Flags:
+    """Flags the known vLLM version no longer accepts are dropped before launching, with the reason
+    (a flag from an older vLLM is the commonest upgrade failure: "unrecognized arguments")."""
+    from supervisor.flags import removed_flag
+    from supervisor.model import parse_version
+
+    version = parse_version(g.vllm_version)
+    for name in flags.names():
+        why = removed_flag(name, version)
+        if why and flags.has(name):
+            log.warning(f"dropping {name} from the vLLM arguments: {why}")
+            g.notes[name] = _note(None, g.requested.get(name), why, "version")
+            flags = flags.remove(name)
+    return flags
+
+
 def learn(g: "Guard") -> None:
     """Store the flags of a launch that just became healthy."""
     env = g.env_start

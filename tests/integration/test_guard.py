@@ -433,3 +433,14 @@ def test_a_fatal_looking_line_does_not_kill_a_server_that_still_answers(run, tmp
 
     result = asyncio.run(main())
     assert result.end == "stopped" and result.was_healthy
+
+
+def test_flag_removed_in_this_vllm_is_dropped_not_fatal(run):
+    """--swap-space was removed in 0.18: vLLM 0.32 calls it unrecognized; the guard drops it."""
+    g = run({"version": "0.32.0", "model": LLAMA8B},
+            vllm_args=["--max-model-len", "8192", "--swap-space", "4"])
+    s = g.wait_healthy()
+    assert "--swap-space" not in s["argv"]
+    assert s["changed_flags"]["--swap-space"]["value"] is None
+    assert "removed in vLLM 0.18.0" in s["changed_flags"]["--swap-space"]["why"]
+    assert g.terminate() == 0

@@ -50,3 +50,12 @@ def test_parse_int_human_readable():
     assert parse_int("32K") == 32768
     assert parse_int("auto") is None and parse_int("-1") is None
     assert parse_int("garbage") is None
+
+
+def test_removed_flags_by_version():
+    from supervisor.flags import removed_flag
+
+    assert removed_flag("--swap-space", (0, 17, 0)) is None
+    assert "0.18.0" in removed_flag("--swap_space", (0, 18, 0))
+    assert removed_flag("--max-model-len", (0, 33, 0)) is None
+    assert removed_flag("--swap-space", None) is None

@@ -274,3 +274,17 @@ def test_v0_smaller_batch_means_chunked_prefill():
     out = R.decide(d, flags, ctx("--max-model-len 16384 --enforce-eager",
                                  tried=("no_kv:gpu_memory_utilization",)))
     assert out.flags.get("--max-num-batched-tokens") == "1024"
+
+
+def test_unrecognized_removed_flag_is_dropped_with_the_reason():
+    d = D(Kind.CONFIG_ERROR, "vllm: error: unrecognized arguments: --swap-space 4", vllm_version="0.20.0")
+    flags = Flags.parse("--swap-space 4 --max-model-len 8192")
+    out = R.decide(d, flags, ctx("--swap-space 4 --max-model-len 8192"))
+    assert isinstance(out, R.Relaunch) and out.flags.argv() == ["--max-model-len", "8192"]
+    assert "removed in vLLM 0.18.0" in out.why
+    # a flag vLLM never had stays a configuration error
+    other = D(Kind.CONFIG_ERROR, "vllm: error: unrecognized arguments: --foo 1")
+    assert isinstance(R.decide(other, Flags.parse("--foo 1"), ctx("--foo 1")), R.GiveUp)
+    # once only
+    again = R.decide(d, flags, ctx(tried=("drop_removed_flags",)))
+    assert isinstance(again, R.GiveUp) and again.exit_code == R.EX_CONFIG

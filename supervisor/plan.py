@@ -347,7 +347,7 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
     tokens = common["max_num_batched_tokens"] or batch_defaults(total, vllm_version=vllm_version,
                                                                   platform=platform)[0]
 
-    def fit_at(length: int, kv_dtype_: str) -> int:
+    def fit_at(length: int, kv_dtype_: str, margin: float = margin) -> int:
         b = kv_budget(info, max_model_len=length, **common)
         kv = b.kv_bytes if b.exact else int(b.kv_bytes * (1 - margin))
         return fit_max_model_len(kv, info, tp=tp, pp=pp, kv_cache_dtype=kv_dtype_, block_size=block,
@@ -381,6 +381,11 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
         return FirstLaunch(out, why, False)
     if fit >= asked:
         return FirstLaunch(out, why, True)
+    if ver >= (0, 8, 0) or platform == "cpu":
+        # The margin is for shrinking safely, not for cutting a request the estimate says fits:
+        # a borderline miss costs one reactive relaunch, a needless cut costs context for good.
+        if fit_at(asked, kv_dtype, margin=0.0) >= asked:
+            return FirstLaunch(out, why, True)
     if fit >= min_model_len:
         exact = kv_budget(info, max_model_len=fit, **common).exact
         out["--max-model-len"] = str(fit)

@@ -146,3 +146,20 @@ def test_v0_profiles_the_context_so_shorter_frees_activation_memory():
     assert int(above.flags["--max-model-len"]) == pytest.approx(41_600, rel=0.05)
     awq = launch("Qwen2.5-32B-Instruct-AWQ", version="0.6.3", margin=0)
     assert int(awq.flags["--max-model-len"]) == pytest.approx(7_200, rel=0.05)
+
+
+def test_margin_never_cuts_a_request_the_estimate_says_fits():
+    """The margin shrinks a cut; it does not cut a request that fits by the estimate."""
+    cut_somewhere = False
+    for tenth in range(200, 320, 2):          # 20.0 .. 31.8 GiB cards
+        total = int(tenth / 10 * GiB)
+        exact = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "32768"], total=total,
+                       version="0.10.2", margin=0.0)
+        held = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "32768"], total=total,
+                      version="0.10.2", margin=0.03)
+        if "--max-model-len" not in exact.flags:
+            assert "--max-model-len" not in held.flags, tenth
+        else:
+            cut_somewhere = True
+            assert int(held.flags["--max-model-len"]) <= int(exact.flags["--max-model-len"])
+    assert cut_somewhere

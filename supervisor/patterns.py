@@ -235,6 +235,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Please enable access to public gated repositories", "401 Client Error", "403 Client Error",
       "are not supported for now", "Cannot find model module", "No model architectures are specified",
       "Address already in use", "address already in use",
+      # a broken installation: no relaunch can fix it
+      "ModuleNotFoundError: No module named", "cannot open shared object file", "undefined symbol:",
       "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
       "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
       "FP8 KV cache not yet supported", "not supported in this architecture", "is not valid for this configuration",

@@ -383,3 +383,15 @@ def test_ray_host_memory_kill_is_not_a_gpu_oom() -> None:
         "60.12GB / 62.80GB (0.957), which exceeds the memory usage threshold of 0.95.",
     ], exit_code=1)
     assert d.kind is Kind.ENGINE_DEAD
+
+
+@pytest.mark.parametrize("line", [
+    "ModuleNotFoundError: No module named 'vllm'",
+    "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory",
+    "ImportError: /opt/vllm/lib/python3.12/site-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c10",
+])
+def test_a_broken_installation_is_a_config_error(line: str) -> None:
+    """No relaunch fixes a missing module or library: exit 78, not a restart loop."""
+    d = classify(["Traceback (most recent call last):", '  File "<frozen runpy>", line 1, in x', line],
+                 exit_code=1)
+    assert d.kind is Kind.CONFIG_ERROR

@@ -153,9 +153,8 @@ class Child:
         gone = []
         for pid, created in self.tree.items():
             try:
-                if psutil.Process(pid).create_time() != created:
-                    gone.append(pid)
-                elif psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                p = psutil.Process(pid)
+                if p.create_time() != created or p.status() == psutil.STATUS_ZOMBIE:
                     gone.append(pid)
             except psutil.NoSuchProcess:
                 gone.append(pid)

@@ -18,6 +18,7 @@ from typing import Any, Mapping, TextIO
 import httpx
 
 from supervisor import auth, config, status
+from supervisor.health import probe_host
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 EXIT_OK = 0
@@ -52,14 +53,6 @@ def add_client_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                             help="go back to the flags you asked for instead of the current ones")
 
 
-def _connect_host(host: str) -> str:
-    if host in ("", "0.0.0.0", "*"):
-        return "127.0.0.1"
-    if host in ("::", "[::]"):
-        return "[::1]"
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
 def find_endpoint(args: argparse.Namespace, environ: Mapping[str, str]) -> Endpoint:
     """Locate the running guard from guard.json, else the config; ClientError when it is not there."""
     try:
@@ -87,7 +80,7 @@ def find_endpoint(args: argparse.Namespace, environ: Mapping[str, str]) -> Endpo
     if not port:
         raise ClientError("vllm-guard's status endpoint is disabled (status.port = 0)")
     token = auth.read_client_token(cfg.state_dir, token_file, environ)
-    return Endpoint(f"http://{_connect_host(host)}:{port}", token, cfg.state_dir, pid)
+    return Endpoint(f"http://{probe_host(host)}:{port}", token, cfg.state_dir, pid)
 
 
 def _request(ep: Endpoint, method: str, path: str) -> httpx.Response:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import structlog
 
-from supervisor import procs
+from supervisor import auth, procs
 from supervisor.child import Child, passthrough
 from supervisor.config import ConfigError, GuardConfig
 from supervisor.flags import Flags
@@ -307,13 +307,13 @@ class Guard:
         n = len(self.launches) + 1
         argv = self.argv(flags)
         record: dict[str, Any] = {
-            "n": n, "argv": startup.redact(argv), "started_at": time.time(), "ended_at": None,
+            "n": n, "argv": auth.redact_argv(argv), "started_at": time.time(), "ended_at": None,
             "outcome": "running", "kind": None, "evidence": None, "exit_code": None,
             "time_to_healthy_s": None,
         }
         self.launches.append(record)
         del self.launches[:-50]
-        log.info(f"launch {n}: {shlex.join(startup.redact(argv))}", launch=n)
+        log.info(f"launch {n}: {shlex.join(auth.redact_argv(argv))}", launch=n)
         holder = procs.port_holder(self.host, self.port)
         if holder:
             d = Diagnosis(Kind.CONFIG_ERROR,
@@ -370,7 +370,7 @@ class Guard:
         else:
             record["outcome"] = "died" if result.end == DIED else "failed"
             record["kind"] = d.kind.value
-            record["evidence"] = startup.redact_text(d.evidence)
+            record["evidence"] = auth.redact_text(d.evidence)
             record["phase"] = d.phase
             record["numbers"] = {k: v for k, v in d.numbers.items() if not isinstance(v, (dict, list))}
             level = log.warning
@@ -455,8 +455,8 @@ class Guard:
             "pid": child.pid if child is not None else None,
             "guard_pid": os.getpid(),
             "vllm": {"host": self.host, "port": self.port, "version": self.vllm_version},
-            "argv": startup.redact(self.argv(self.current)),
-            "requested_args": startup.redact(self.requested.argv()),
+            "argv": auth.redact_argv(self.argv(self.current)),
+            "requested_args": auth.redact_argv(self.requested.argv()),
             "changed_flags": {k: {"value": v.value, "requested": v.was, "why": v.why,
                                   "source": v.source} for k, v in self.notes.items()},
             "flags_source": self.env_start.flags_source,

@@ -58,14 +58,6 @@ class Environment:
     turn: Any = None
 
 
-def redact(argv: list[str]) -> list[str]:
-    return auth.redact_argv(argv)
-
-
-def redact_text(text: str | None) -> str | None:
-    return None if text is None else auth.redact_text(text)
-
-
 # -- start -----------------------------------------------------------------------------------
 async def prepare(g: "Guard") -> None:
     cfg = g.cfg

@@ -280,17 +280,53 @@ class FirstLaunch:
     flags: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     confident: bool = False
+    expect: str = ""     # a failure no length or KV dtype avoids ("no_kv_cache_memory"): the remedies' to pre-empt
 
 
 def _fmt_util(u: float) -> str:
     return f"{u:.2f}".rstrip("0").rstrip(".")
 
 
+#: The CUDA context (and the allocator's first blocks) a vLLM rank creates before it measures free
+#: memory: NVML's free figure, read before the launch, still includes it; vLLM's own does not.
+CUDA_CONTEXT_BYTES = int(0.4 * GiB)
+
+
+def utilization_under_free(free_bytes: float, total_bytes: float, *, context_bytes: float = CUDA_CONTEXT_BYTES,
+                           margin: float = 0.005) -> float:
+    """The highest --gpu-memory-utilization (0.01 steps) that vLLM's start-up free-memory check passes.
+
+    ``free_bytes`` as NVML reports it before the launch (``context_bytes`` is then what vLLM's own
+    CUDA context will take from it), or as vLLM printed it (pass ``context_bytes=0``); ``margin`` of
+    the total is held back for other processes' memory moving meanwhile.
+    """
+    return math.floor(((free_bytes - context_bytes) / total_bytes - margin) * 100) / 100
+
+
+def v0_chunked_gain_tokens(info: ModelInfo, *, from_tokens: int, to_tokens: int, tp: int = 1,
+                           kv_cache_dtype: str = "auto", dtype: str | None = None, seqs: int = 256) -> int:
+    """KV tokens a V0 launch gains when its profile run shrinks from ``from_tokens`` to ``to_tokens``.
+
+    V0 (0.5-0.7) profiles the whole context in one pass unless chunked prefill is on; the KV cache
+    gets what the profile's activation peak leaves. Only the difference of two activation
+    estimates is used, so it corrects a capacity vLLM measured rather than predicting one.
+    """
+    before = activation_bytes(info, tokens=from_tokens, seqs=seqs, tp=tp, dtype=dtype)
+    after = activation_bytes(info, tokens=to_tokens, seqs=seqs, tp=tp, dtype=dtype)
+    per_token = kv_bytes_per_token(info, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    return max(0, before - after) // max(1, per_token)
+
+
 def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_bytes: int | None, gpus: int,
                  flags: Flags, vllm_version: str | None, margin: float = 0.03, min_model_len: int = 2048,
                  platform: str = "cuda", cpu_kv_space_gib: float | None = None,
-                 compute_capability: tuple[int, int] | None = None, device_name: str = "") -> FirstLaunch:
-    """Flags that make the first launch fit: a lower --max-model-len, fp8 KV, or a lower utilization for busy GPUs."""
+                 compute_capability: tuple[int, int] | None = None, device_name: str = "",
+                 context_bytes: int = CUDA_CONTEXT_BYTES, utilization_margin: float = 0.005) -> FirstLaunch:
+    """Flags that make the first launch fit: a lower --max-model-len, fp8 KV, or a lower utilization for busy GPUs.
+
+    ``gpu_free_bytes`` is NVML's figure before the launch; when it is vLLM's own (printed after its
+    CUDA context exists), pass ``context_bytes=0``.
+    """
     tp = flags.get_int("--tensor-parallel-size") or 1
     pp = flags.get_int("--pipeline-parallel-size") or 1
     if info is None or (platform != "cpu" and not gpu_total_bytes) or (platform == "cpu" and not gpu_total_bytes
@@ -300,13 +336,15 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
         return FirstLaunch(confident=False)
     total = int(gpu_total_bytes or 0)
     free = total if gpu_free_bytes is None else int(gpu_free_bytes)
+    # what other processes hold (vLLM's own free figure already lacks its CUDA context)
+    held = 0 if gpu_free_bytes is None else max(0, total - free - (CUDA_CONTEXT_BYTES - context_bytes))
     ver = _ver(vllm_version)
     out: dict[str, str] = {}
     why: dict[str, str] = {}
 
     util = flags.get_float("--gpu-memory-utilization") or default_utilization(vllm_version)
-    if platform != "cpu" and ver >= (0, 9, 1) and free < total * util:
-        lowered = math.floor((free / total - 0.02) * 100) / 100
+    if platform != "cpu" and ver >= (0, 9, 1) and free - context_bytes < total * util:
+        lowered = utilization_under_free(free, total, context_bytes=context_bytes, margin=utilization_margin)
         if 0 < lowered < util:
             out["--gpu-memory-utilization"] = _fmt_util(lowered)
             why["--gpu-memory-utilization"] = (
@@ -319,12 +357,12 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
     global_cap = (0, 8, 0) <= ver < (0, 9, 1) or ver[:2] == (0, 6) and ver[2] == 4
     if platform != "cpu" and ver < (0, 20, 0) and not global_cap and not flags.enabled("--enforce-eager"):
         tp_ = max(1, flags.get_int("--tensor-parallel-size") or 1)
-        reserve = cudagraph_bytes(int((info.weights_bytes or 0) / tp_)) + int(0.4 * GiB)
+        reserve = cudagraph_bytes(int((info.weights_bytes or 0) / tp_)) + context_bytes
         room = math.floor((free - reserve) / total * 100) / 100
-        if 0 < room < util and free < total:
+        if 0 < room < util and held:
             out["--gpu-memory-utilization"] = _fmt_util(room)
             why["--gpu-memory-utilization"] = (
-                f"other processes hold {(total - free) / GiB:.2f} GiB; vLLM < 0.20 captures CUDA graphs "
+                f"other processes hold {held / GiB:.2f} GiB; vLLM < 0.20 captures CUDA graphs "
                 f"outside its budget, so {room:.2f} leaves {reserve / GiB:.2f} GiB for them and the CUDA context")
             util = room
 
@@ -338,7 +376,7 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
         info, platform=platform, compute_capability=compute_capability, vllm_version=vllm_version)
     hybrid = None if not flags.enabled("--disable-hybrid-kv-cache-manager") else False
     common = dict(gpu_total_bytes=total, utilization=util, tp=tp, pp=pp, vllm_version=vllm_version,
-                  enforce_eager=flags.enabled("--enforce-eager"), other_used_bytes=max(0, total - free),
+                  enforce_eager=flags.enabled("--enforce-eager"), other_used_bytes=held,
                   platform=platform, cpu_kv_space_gib=cpu_kv_space_gib,
                   kv_cache_memory_bytes=flags.get_int("--kv-cache-memory-bytes"),
                   max_num_batched_tokens=flags.get_int("--max-num-batched-tokens"),
@@ -403,4 +441,36 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
             if fit8 < asked:
                 out["--max-model-len"] = str(fit8)
                 why["--max-model-len"] = f"{asked} tokens do not fit even with fp8 KV; {fit8} do"
-    return FirstLaunch(out, why, True)
+            return FirstLaunch(out, why, True)
+    left = kv_budget(info, max_model_len=asked, **common)
+    return FirstLaunch(out, why, True, expect="no_kv_cache_memory" if left.kv_bytes <= 0 else "")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the plan knows besides the flags and the GPU's memory: the model, the GPUs, the platform.
+
+    The shell builds one at start-up; the remedy policy asks it, with the memory figures vLLM
+    printed, what a relaunch's other flags imply for the length, so that a predictable second
+    failure is not waited for.
+    """
+
+    info: ModelInfo
+    gpus: int = 1
+    vllm_version: str | None = None
+    margin: float = 0.03
+    min_model_len: int = 2048
+    platform: str = "cuda"
+    cpu_kv_space_gib: float | None = None
+    compute_capability: tuple[int, int] | None = None
+    device_name: str = ""
+    utilization_margin: float = 0.005
+
+    def first_launch(self, flags: Flags, *, total_bytes: int | None, free_bytes: int | None,
+                     vllm_version: str | None = None, context_bytes: int = CUDA_CONTEXT_BYTES) -> FirstLaunch:
+        return first_launch(self.info, gpu_total_bytes=total_bytes, gpu_free_bytes=free_bytes, gpus=self.gpus,
+                            flags=flags, vllm_version=vllm_version or self.vllm_version, margin=self.margin,
+                            min_model_len=self.min_model_len, platform=self.platform,
+                            cpu_kv_space_gib=self.cpu_kv_space_gib, compute_capability=self.compute_capability,
+                            device_name=self.device_name, context_bytes=context_bytes,
+                            utilization_margin=self.utilization_margin)

@@ -71,7 +71,7 @@ class RemedyConfig:
     )
     min_model_len: int = 2048
     kv_margin: float = 0.03              # held back when scaling by a GiB ratio (printed GiB are rounded)
-    utilization_margin: float = 0.02     # below free/total
+    utilization_margin: float = 0.005    # of the total, below the free memory vLLM can use (after its CUDA context)
     cpu_offload_gb: float = 0.0          # > 0 allows --cpu-offload-gb (slow; off by default)
     port_retries: int = 3                # a port in use is retried this many times with backoff
     min_max_num_seqs: int = 1

@@ -222,12 +222,8 @@ class Guard:
                 previous.append(d)
                 self._to(State.RESTARTING, "learned flags failed; re-planning")
                 continue
-            ctx = Context(requested=self.requested, last_good=last_good, rules=cfg.remedies,
-                          gpu_free_gib=self.env_start.free_gib, gpu_total_gib=self.env_start.total_gib,
-                          vllm_version=self.vllm_version, block_size=self.block_size,
-                          derived_max_model_len=self.env_start.derived_max_model_len,
-                          tried=tuple(tried), previous=tuple(previous), port_failures=port_failures,
-                          fp8_supported=self.env_start.fp8_supported)
+            ctx = self.remedy_context(last_good=last_good, tried=tuple(tried), previous=tuple(previous),
+                                      port_failures=port_failures)
             decision = decide(d, self.current, ctx)
             if isinstance(decision, GiveUp):
                 return self._give_up(decision.reason, decision.exit_code, decision.advice, d)
@@ -262,6 +258,15 @@ class Guard:
             await startup.wait_gpu_released(self)
         self.exit_reason = "stopped on request"
         return 0
+
+    def remedy_context(self, **loop_state: Any) -> Context:
+        """What the remedy policy knows besides a diagnosis: the facts gathered at start-up plus
+        the loop's state (``last_good``, ``tried``, ``previous``, ``port_failures``)."""
+        env = self.env_start
+        return Context(requested=self.requested, rules=self.cfg.remedies, gpu_free_gib=env.free_gib,
+                       gpu_total_gib=env.total_gib, vllm_version=self.vllm_version,
+                       block_size=self.block_size, derived_max_model_len=env.derived_max_model_len,
+                       fp8_supported=env.fp8_supported, sizing=env.sizing, **loop_state)
 
     def _announce(self, decision: Relaunch, d: Diagnosis) -> None:
         n = len(self.launches) + 1

@@ -8,13 +8,13 @@ margins) are data: :class:`supervisor.config.RemedyConfig`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import RemedyConfig
 from supervisor.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
 from supervisor.model import Diagnosis, Kind, parse_version
+from supervisor.plan import CUDA_CONTEXT_BYTES, GiB, Sizing, utilization_under_free, v0_chunked_gain_tokens
 
 EX_CONFIG = 78      # not healable by flags: a person must change something
 EX_TEMPFAIL = 75    # remedies or launch budget exhausted; the GPU may be freed later
@@ -84,6 +84,7 @@ class Context:
     previous: tuple[Diagnosis, ...] = ()                # earlier failures of this start-up
     port_failures: int = 0
     fp8_supported: bool | None = None
+    sizing: Sizing | None = None                        # the model's facts for the plan, when known
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -189,6 +190,13 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     new_len = _align(fit, block)
     floor = rules.min_model_len
     kv_dtype = (current.get(KV_DTYPE) or "auto").lower()
+    if source == "vLLM's estimate" and _allowed(ctx, "max_model_len"):
+        try:
+            sized = _kv_resized(fit, length, cap, block, d, current, ctx)
+        except (ArithmeticError, ValueError, TypeError):
+            sized = None       # the model's facts cannot size this (an unknown KV dtype ...)
+        if sized is not None:
+            return sized
     if new_len >= floor and _allowed(ctx, "max_model_len"):
         if length and new_len >= length:
             new_len = _align(length // 2, block)    # no progress from the estimate: halve
@@ -231,6 +239,66 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         EX_TEMPFAIL, ADVICE)
 
 
+def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Diagnosis, current: Flags,
+               ctx: Context) -> Relaunch | None:
+    """The length vLLM measured, corrected for what the relaunch's other changes do to the KV cache.
+
+    With the model known (``ctx.sizing``), two changes are predictable from vLLM's own figure:
+    V0 profiled the whole context at once (up to 32768 tokens), so chunked prefill frees that
+    activation memory for the KV cache; and vLLM < 0.20 on a GPU other processes share captures
+    CUDA graphs outside its budget, so the budget must leave room for them (else the next launch
+    fails at capture). None: no correction applies, the plain rule decides.
+    """
+    if ctx.sizing is None or not length:
+        return None
+    from supervisor.plan import kv_bytes_per_token
+
+    info = ctx.sizing.info
+    v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
+    tp = current.get_int("--tensor-parallel-size") or 1
+    kv_dtype, dtype = current.get(KV_DTYPE) or "auto", current.get("--dtype")
+    flags, changes, tokens = current, [], fit
+    if (v is not None and (0, 5) <= v < (0, 8) and length <= 32768 and not current.has(CHUNKED)
+            and not current.has(BATCHED)):
+        chunk = 2048 if v >= (0, 7) else 512
+        gain = v0_chunked_gain_tokens(info, from_tokens=max(length, 2048), to_tokens=chunk, tp=tp,
+                                      kv_cache_dtype=kv_dtype, dtype=dtype,
+                                      seqs=current.get_int(SEQS) or default_max_num_seqs(ctx.vllm_version))
+        if gain > 0:
+            tokens = fit + int(gain * (1.0 - ctx.rules.kv_margin))
+            flags = flags.set(CHUNKED)
+            changes.append(Change(CHUNKED, None, "", (
+                f"vLLM V0 measured {fit} tokens while profiling all {length} at once; in chunks of {chunk} "
+                f"the profile frees room for about {gain} more (estimated, {ctx.rules.kv_margin:.0%} held back)")))
+    util = current.get_float(UTIL) or _num(d, "requested_utilization") or default_utilization(ctx.vllm_version)
+    if (_graphs_outside_budget(current, ctx) and ctx.gpu_free_gib and ctx.gpu_total_gib
+            and _allowed(ctx, "gpu_memory_utilization")):
+        planned = _plan(ctx, flags.set(UTIL, f"{util:g}"), total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
+        room = planned.flags.get(UTIL) if planned is not None else None
+        if room is not None and float(room) < util:
+            per_token = kv_bytes_per_token(info, tp=tp, kv_cache_dtype=kv_dtype, dtype=dtype)
+            lost = int((util - float(room)) * ctx.gpu_total_gib * GiB) // max(1, per_token)
+            tokens -= lost
+            flags = flags.set(UTIL, room)
+            changes.append(Change(UTIL, current.get(UTIL), room, (
+                f"other processes hold memory and this vLLM captures CUDA graphs outside its budget; "
+                f"{room} leaves room for them (about {lost} tokens fewer)")))
+    if not changes:
+        return None
+    new_len = _align(min(tokens, cap or tokens), block)
+    if new_len < ctx.rules.min_model_len:
+        return None
+    if new_len < length:
+        changes.insert(0, Change(MML, current.get(MML), str(new_len), (
+            f"the KV cache holds about {fit} tokens (vLLM's estimate), not {length}; with the changes below "
+            f"about {tokens}, aligned down to the {block}-token block")))
+        flags = flags.set(MML, str(new_len))
+        if length > 32768 >= new_len:
+            flags, extra = _with_chunked_prefill(flags, d, ctx, None)
+            changes += extra
+    return Relaunch(flags, tuple(changes), changes[0].why, step="max_model_len")
+
+
 def _max_len_exceeds(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     derived = _num(d, "derived_max_model_len") or ctx.derived_max_model_len
     if not derived or not _allowed(ctx, "max_model_len"):
@@ -241,19 +309,79 @@ def _max_len_exceeds(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     return _set(current, MML, str(derived), why, "max_model_len_derived")
 
 
+def _plan(ctx: Context, flags: Flags, *, total_gib: float, free_gib: float | None,
+          context_bytes: int = CUDA_CONTEXT_BYTES) -> Any:
+    """The plan's flags for ``flags`` on this GPU, or None without the model's facts (or when the
+    plan cannot size this model): an estimate only ever refines a rule, it never breaks one."""
+    if ctx.sizing is None:
+        return None
+    try:
+        return ctx.sizing.first_launch(flags, total_bytes=int(total_gib * GiB),
+                                       free_bytes=None if free_gib is None else int(free_gib * GiB),
+                                       vllm_version=ctx.vllm_version, context_bytes=context_bytes)
+    except (ArithmeticError, ValueError, TypeError):
+        return None
+
+
+def _weights_per_rank_gib(current: Flags, ctx: Context) -> float | None:
+    if ctx.sizing is None or not ctx.sizing.info.weights_bytes:
+        return None
+    ranks = (current.get_int("--tensor-parallel-size") or 1) * (current.get_int("--pipeline-parallel-size") or 1)
+    offload = current.get_float(OFFLOAD) or 0.0
+    return ctx.sizing.info.weights_bytes / GiB / max(1, ranks) - offload
+
+
+#: Held for CUDA graphs when vLLM < 0.20 captures them outside its budget and the model is unknown.
+GRAPH_RESERVE_UNKNOWN_GIB = 0.5
+
+
+def _graphs_outside_budget(current: Flags, ctx: Context) -> bool:
+    """vLLM 0.9.1-0.19 captures CUDA graphs after sizing the KV cache, in memory outside its budget."""
+    v = version_tuple(ctx.vllm_version)
+    return v is not None and v < (0, 20) and not current.enabled(EAGER)
+
+
 def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    printed = bool(_num(d, "free_gib") and _num(d, "total_gib"))
     free, total = _num(d, "free_gib") or ctx.gpu_free_gib, _num(d, "total_gib") or ctx.gpu_total_gib
     if not free or not total or not _allowed(ctx, "gpu_memory_utilization"):
         return GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
                       "free the GPU, or lower --gpu-memory-utilization")
-    util = math.floor((float(free) / float(total) - ctx.rules.utilization_margin) * 100) / 100
+    free, total = float(free), float(total)
+    # vLLM measures free memory after creating its CUDA context; NVML's figure still includes it.
+    context = 0 if printed else CUDA_CONTEXT_BYTES
     current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
+    planned = _plan(ctx, current.set(UTIL, f"{current_util:g}"), total_gib=total, free_gib=free,
+                    context_bytes=context)
+    if planned is not None and UTIL in planned.flags:
+        util = float(planned.flags[UTIL])
+    else:
+        reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
+        util = utilization_under_free((free - reserve) * GiB, total * GiB, context_bytes=context,
+                                      margin=ctx.rules.utilization_margin)
     if util <= 0.05 or util >= current_util:
         return GiveUp(f"only {free}/{total} GiB is free on the GPU; other processes hold the rest",
                       EX_TEMPFAIL, "free the GPU (see the processes holding it)")
+    weights = _weights_per_rank_gib(current, ctx)
+    if weights is not None and weights >= util * total:
+        return GiveUp(f"only {free} of {total} GiB is free on the GPU: at {_fmt_util(util)} vLLM could use "
+                      f"{util * total:.2f} GiB, less than the model's weights ({weights:.2f} GiB per GPU)",
+                      EX_TEMPFAIL, "free the GPU (see the processes holding it)")
     why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
            f"{_fmt_util(util)} stays under it")
-    return _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
+    out = _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
+    if planned is None:
+        return out
+    # The smaller budget decides the length too: cut it now rather than after the next failure.
+    flags, changes = out.flags, list(out.changes)
+    for flag in (KV_DTYPE, MML):
+        value = planned.flags.get(flag)
+        if value is not None and value != current.get(flag) and _allowed(
+                ctx, "kv_cache_fp8" if flag == KV_DTYPE else "max_model_len"):
+            flags = flags.set(flag, value)
+            changes.append(Change(flag, current.get(flag), value,
+                                  f"at {_fmt_util(util)} " + planned.reasons.get(flag, "the plan says so")))
+    return Relaunch(flags, tuple(changes), why, step="gpu_memory_utilization_free")
 
 
 def _halve(current: Flags, flag: str, default: int, floor: int, first: int | None = None) -> int | None:
@@ -269,7 +397,8 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
         now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
         target = default_utilization(ctx.vllm_version)
         if ctx.gpu_free_gib and ctx.gpu_total_gib:
-            target = math.floor((ctx.gpu_free_gib / ctx.gpu_total_gib - rules.utilization_margin) * 100) / 100
+            target = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
+                                            margin=rules.utilization_margin)
         if target > now:
             return _set(current, UTIL, _fmt_util(target),
                         f"no memory was left for the KV cache at {_fmt_util(now)}; "
@@ -437,22 +566,60 @@ _RULES = {
 }
 
 
+#: Failures whose remedies free memory without touching the length.
+_FORESEEN = (Kind.NO_KV_CACHE_MEMORY, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH)
+
+
+def _foresee(decision: Relaunch, ctx: Context) -> Relaunch:
+    """When the plan says the length will not fit under the relaunch's flags, cut it in the same
+    relaunch instead of waiting for vLLM to say so (needs the model and the GPU's size)."""
+    if ctx.sizing is None or not ctx.gpu_total_gib or decision.backoff or not _allowed(ctx, "max_model_len") \
+            or any(c.flag == MML for c in decision.changes):
+        return decision
+    planned = _plan(ctx, decision.flags, total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
+    new = planned.flags.get(MML) if planned is not None else None
+    length = decision.flags.get_int(MML) or ctx.derived_max_model_len
+    if new is None or not new.isdigit() or (length and int(new) >= length):
+        return decision
+    change = Change(MML, decision.flags.get(MML), new, "and " + planned.reasons.get(MML, "the plan says so"))
+    return Relaunch(decision.flags.set(MML, new), decision.changes + (change,), decision.why, step=decision.step)
+
+
 def decide(d: Diagnosis, current: Flags, ctx: Context | None = None) -> Decision:
     """The next launch after failure ``d`` with ``current`` flags, or why to give up."""
     ctx = ctx or Context(requested=current)
     decision = _RULES[d.kind](d, current, ctx)
+    if isinstance(decision, Relaunch) and d.kind in _FORESEEN:
+        decision = _foresee(decision, ctx)
     if isinstance(decision, Relaunch) and not decision.backoff and decision.flags == current:
         return GiveUp(f"{d.kind}: no remedy changes anything", EX_TEMPFAIL, ADVICE)
     return decision
 
 
-def suggest(d: Diagnosis, flags: str | None = None, rules: RemedyConfig | None = None) -> dict[str, Any]:
-    """What ``diagnose`` prints: whether the failure is healable, and the flags that would fix it."""
+def plan_ahead(expected: str, current: Flags, ctx: Context) -> Relaunch | None:
+    """The relaunch the policy would make after a failure the plan predicts for ``current``, so the
+    first launch can skip it; None when the policy would give up or the kind is not known."""
+    try:
+        kind = Kind(expected)
+    except ValueError:
+        return None
+    d = Diagnosis(kind, evidence="predicted by the plan (config.json and GPU memory)", phase="planned")
+    decision = decide(d, current, ctx)
+    return decision if isinstance(decision, Relaunch) and not decision.backoff else None
+
+
+def suggest(d: Diagnosis, flags: str | None = None, rules: RemedyConfig | None = None, *,
+            sizing: Sizing | None = None, gpu_total_gib: float | None = None,
+            gpu_free_gib: float | None = None) -> dict[str, Any]:
+    """What ``diagnose`` prints: whether the failure is healable, and the flags that would fix it.
+
+    With the model's facts (``sizing``) and the GPU's memory, the same decision the daemon makes."""
     if d.kind is Kind.HEALTHY:
         return {"healable": False, "flags": {}, "why": "no failure found"}
     current = Flags.parse(flags or "")
-    ctx = Context(requested=current, rules=rules or RemedyConfig(),
-                  vllm_version=d.numbers.get("vllm_version"))
+    version = d.numbers.get("vllm_version") or (sizing.vllm_version if sizing else None)
+    ctx = Context(requested=current, rules=rules or RemedyConfig(), vllm_version=version, sizing=sizing,
+                  gpu_total_gib=gpu_total_gib, gpu_free_gib=gpu_free_gib)
     decision = decide(d, current, ctx)
     if isinstance(decision, GiveUp):
         return {"healable": False, "flags": {}, "why": decision.reason,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import shlex
@@ -51,6 +52,7 @@ class Environment:
     total_gib: float | None = None
     fp8_supported: bool | None = None
     derived_max_model_len: int | None = None
+    sizing: Any = None                     # plan.Sizing: the model's facts, for the plan and the remedies
     flags_source: str = "user"             # user | plan | store
     learned_key: str | None = None
     lock: Any = None
@@ -196,13 +198,12 @@ def gpu_holders_text(g: "Guard") -> str:
 def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     cfg, env = g.cfg, g.env_start
     info = None
-    if cfg.plan.enabled or cfg.plan.learn:
-        try:
-            from supervisor.modelinfo import load_model_info
+    try:
+        from supervisor.modelinfo import load_model_info
 
-            info = load_model_info(cfg.model)
-        except Exception as e:  # a broken config.json must not stop the guard
-            log.warning(f"could not read the model's config: {e}")
+        info = load_model_info(cfg.model)
+    except Exception as e:  # a broken config.json must not stop the guard
+        log.warning(f"could not read the model's config: {e}")
     if info is not None:
         try:
             from supervisor.modelinfo import derive_max_model_len
@@ -210,6 +211,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
             env.derived_max_model_len = derive_max_model_len(info, g.vllm_version)
         except Exception:
             env.derived_max_model_len = None
+        env.sizing = _sizing(g, info)
     if env.devices:
         from supervisor.gpu import fp8_kv_supported
 
@@ -219,7 +221,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     if cfg.plan.learn and use_store:
         tp = g.requested.get_int("--tensor-parallel-size") or 1
         gpus = [(d.name, d.total_bytes) for d in env.devices] or [
-            ("cpu", int(float(g.environ.get("VLLM_CPU_KVCACHE_SPACE", "0") or 0) * GiB))]
+            ("cpu", int((_cpu_kv_space_gib(g) or 0) * GiB))]
         env.learned_key = state.learned_key(model=cfg.model, revision=None, gpus=gpus, tp=tp,
                                             vllm_version=g.vllm_version,
                                             user_args=g.requested.argv())
@@ -243,36 +245,57 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     if info is None:
         log.info("no config.json found for the model; the first launch uses your flags as given")
         return
-    from supervisor.plan import first_launch
-
-    cpu_space = g.environ.get("VLLM_CPU_KVCACHE_SPACE")
     try:
-        fl = first_launch(
-            info,
-            gpu_total_bytes=int(env.total_gib * GiB) if env.total_gib else None,
-            gpu_free_bytes=int(env.free_gib * GiB) if env.free_gib else None,
-            gpus=len(env.devices), flags=g.requested, vllm_version=g.vllm_version,
-            margin=cfg.plan.margin, min_model_len=cfg.remedies.min_model_len,
-            platform=env.platform,
-            cpu_kv_space_gib=float(cpu_space) if cpu_space else None,
-            compute_capability=env.devices[0].compute_capability if env.devices else None,
-            device_name=env.devices[0].name if env.devices else "")
+        fl = env.sizing.first_launch(
+            g.requested, total_bytes=int(env.total_gib * GiB) if env.total_gib else None,
+            free_bytes=int(env.free_gib * GiB) if env.free_gib else None)
     except Exception as e:
         log.warning(f"the plan failed ({type(e).__name__}: {e}); starting with your flags")
         return
     if not fl.confident:
         log.info("not enough facts to plan the first launch (no GPU size known); "
                  "vllm-guard will size from vLLM's own messages")
-    if not fl.flags:
-        return
     flags = g.requested
     for k, v in fl.flags.items():
         flags = flags.set(k, v)
         g.notes[k] = _note(v, g.requested.get(k), fl.reasons.get(k, "planned"), "plan")
+    changes = dict(fl.flags)
+    if fl.expect:
+        # The plan foresees a failure no length avoids: take the remedy's step now, not after it.
+        from supervisor.remedy import plan_ahead
+
+        ahead = plan_ahead(fl.expect, flags, g.remedy_context())
+        if ahead is not None:
+            flags = ahead.flags
+            for c in ahead.changes:
+                changes[c.flag] = c.new or "(on)"
+                g.notes[c.flag] = _note(c.new, g.requested.get(c.flag), f"{fl.expect} expected: {c.why}", "plan")
+    if not changes:
+        return
     g.current = flags
     env.flags_source = "plan"
-    log.info("planned first launch: " + "; ".join(f"{k} {v} ({fl.reasons.get(k, '')})"
-                                                   for k, v in fl.flags.items()))
+    log.info("planned first launch: " + "; ".join(f"{k} {v} ({g.notes[k].why})" for k, v in changes.items()))
+
+
+def _sizing(g: "Guard", info: Any) -> Any:
+    from supervisor.plan import Sizing
+
+    env, cfg = g.env_start, g.cfg
+    return Sizing(info, gpus=len(env.devices), vllm_version=g.vllm_version, margin=cfg.plan.margin,
+                  min_model_len=cfg.remedies.min_model_len, platform=env.platform,
+                  cpu_kv_space_gib=_cpu_kv_space_gib(g),
+                  compute_capability=env.devices[0].compute_capability if env.devices else None,
+                  device_name=env.devices[0].name if env.devices else "",
+                  utilization_margin=cfg.remedies.utilization_margin)
+
+
+def _cpu_kv_space_gib(g: "Guard") -> float | None:
+    """VLLM_CPU_KVCACHE_SPACE in GiB; None when unset or not a number (vLLM will say so itself)."""
+    try:
+        value = float(g.environ.get("VLLM_CPU_KVCACHE_SPACE") or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _note(value: str | None, was: str | None, why: str, source: str) -> Any:

@@ -75,7 +75,9 @@ def test_insufficient_free_memory_lowers_utilization_only(run):
     first, second = s["launches"]
     assert first["kind"] == "insufficient_free_memory"
     util = float(argv_flag(second["argv"], "--gpu-memory-utilization"))
-    assert util <= 20.15 / 23.55 - 0.02
+    # vLLM printed 20.15 of 23.55 GiB free (its CUDA context already counted): the new share passes
+    # its start-up check, and no more than the 0.005 margin and the 0.01 step are given away
+    assert util * 23.55 <= 20.15 and util >= 20.15 / 23.55 - 0.005 - 0.01
     assert argv_flag(second["argv"], "--max-model-len") == "8192"     # length untouched
     assert g.terminate() == 0
 

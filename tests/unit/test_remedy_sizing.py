@@ -1,0 +1,168 @@
+"""Remedies that use the model's facts (``Context.sizing``) to fix two things in one relaunch.
+
+Each decision is checked twice: what the policy changes, and (where the emulator models that vLLM)
+that the relaunch it asks for serves in the emulator — the second failure it pre-empts does not come.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import plan as P
+from supervisor import remedy as R
+from supervisor.flags import Flags
+from supervisor.model import Diagnosis, Kind
+from supervisor.modelinfo import load_model_info
+
+from benchmarks import matrix, render
+from tests.fakes import emulator as emu
+
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+GiB = 1 << 30
+L4_TOTAL = 22.06          # GiB, as torch reports an L4
+CONTEXT = render.CONTEXT_GIB   # the emulator's CUDA context
+
+
+def sizing(name: str, version: str, gpus: int = 1) -> P.Sizing:
+    info = load_model_info(str(MODELS / name))
+    assert info is not None
+    return P.Sizing(info, gpus=gpus, vllm_version=version, compute_capability=(8, 9), device_name="NVIDIA L4")
+
+
+def serves(name: str, version: str, flags: Flags, other_gib: float = 0.0, count: int = 1):
+    """The emulator's verdict on one launch, set up as the benchmark sets it up."""
+    model = matrix.Model(name, name, str(MODELS / name))
+    gpu = emu.GpuSpec(total_gib=L4_TOTAL, other_used_gib=other_gib, cc=(8, 9), count=count)
+    return render.simulate(matrix.model_spec(model, version), gpu, version, flags)
+
+
+def ctx(version: str, sizing_: P.Sizing | None, *, free: float | None = None, total: float | None = L4_TOTAL,
+        **kw) -> R.Context:
+    return R.Context(vllm_version=version, sizing=sizing_, gpu_total_gib=total, gpu_free_gib=free, **kw)
+
+
+# -- a busy GPU: free memory and length in one relaunch ----------------------------------------
+@pytest.mark.parametrize("version", ["0.10.1.1", "0.32.0"])
+def test_free_memory_failure_also_sizes_the_length(version):
+    free_printed = round(L4_TOTAL - 3.0 - CONTEXT, 2)      # what vLLM printed: 18.66 of 22.06
+    d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={
+        "free_gib": free_printed, "total_gib": L4_TOTAL, "requested_utilization": P.default_utilization(version)})
+    out = R.decide(d, Flags(), ctx(version, sizing("Llama-3.1-8B-Instruct", version), free=L4_TOTAL - 3.0))
+    assert isinstance(out, R.Relaunch)
+    util = out.flags.get_float("--gpu-memory-utilization")
+    length = out.flags.get_int("--max-model-len")
+    assert util is not None and util * L4_TOTAL <= free_printed          # passes vLLM's start-up check
+    assert length is not None and 8192 <= length < 131072
+    assert {c.flag for c in out.changes} == {"--gpu-memory-utilization", "--max-model-len"}
+    assert serves("Llama-3.1-8B-Instruct", version, out.flags, other_gib=3.0).ok
+
+
+def test_free_memory_without_the_model_changes_only_utilization():
+    d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={"free_gib": 18.66, "total_gib": 22.06,
+                                                           "requested_utilization": 0.92})
+    out = R.decide(d, Flags(), ctx("0.32.0", None))
+    # the printed free memory already lacks vLLM's CUDA context: only the 0.005 margin is held back
+    assert out.flags.get("--gpu-memory-utilization") == "0.84"
+    assert not out.flags.has("--max-model-len")
+
+
+def test_free_memory_before_0_20_leaves_room_for_cuda_graphs_without_the_model():
+    d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={"free_gib": 18.66, "total_gib": 22.06,
+                                                           "requested_utilization": 0.9})
+    graphs = R.decide(d, Flags(), ctx("0.10.1.1", None))
+    eager = R.decide(d, Flags.parse("--enforce-eager"), ctx("0.10.1.1", None))
+    # (18.66 - 0.5 GiB for graphs) / 22.06 - 0.005 = 0.818 -> 0.81; eager needs no room
+    assert graphs.flags.get("--gpu-memory-utilization") == "0.81"
+    assert eager.flags.get("--gpu-memory-utilization") == "0.84"
+
+
+# -- V0: chunked prefill frees the profile's activation memory ---------------------------------
+def test_v0_unchunked_profile_gets_chunked_prefill_and_more_context():
+    version = "0.6.6.post1"
+    flags = Flags.parse("--max-model-len 32768")
+    first = serves("Llama-3.1-8B-Instruct", version, flags)
+    assert first.kind == "kv_cache_insufficient"
+    measured = first.numbers["fit_max_model_len"]            # what V0 printed, profiled at 32768 tokens
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 32768, "fit_max_model_len": measured,
+                                                         "vllm_version": version})
+    out = R.decide(d, flags, ctx(version, sizing("Llama-3.1-8B-Instruct", version), free=L4_TOTAL,
+                                 requested=flags))
+    assert out.flags.enabled("--enable-chunked-prefill")
+    length = out.flags.get_int("--max-model-len")
+    assert measured < length <= 32768                         # more than V0 measured, never above the ask
+    assert serves("Llama-3.1-8B-Instruct", version, out.flags).ok
+
+    plain = R.decide(d, flags, ctx(version, None, requested=flags))   # without the model: vLLM's number
+    assert plain.flags.get_int("--max-model-len") == measured // 16 * 16
+
+
+def test_v0_chunked_prefill_alone_when_the_whole_request_then_fits():
+    version = "0.6.6.post1"
+    first = serves("Qwen2.5-7B-Instruct", version, Flags())
+    assert first.kind == "kv_cache_insufficient"             # 32768 profiled at once leaves ~30K
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 32768,
+                                                         "fit_max_model_len": first.numbers["fit_max_model_len"],
+                                                         "vllm_version": version})
+    out = R.decide(d, Flags(), ctx(version, sizing("Qwen2.5-7B-Instruct", version), free=L4_TOTAL))
+    assert out.flags.enabled("--enable-chunked-prefill") and not out.flags.has("--max-model-len")
+    assert serves("Qwen2.5-7B-Instruct", version, out.flags).served_max_model_len == 32768
+
+
+def test_v0_busy_gpu_kv_relaunch_leaves_room_for_cuda_graphs():
+    version = "0.6.6.post1"
+    first = serves("Qwen2.5-7B-Instruct", version, Flags(), other_gib=3.0)
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 32768,
+                                                         "fit_max_model_len": first.numbers["fit_max_model_len"],
+                                                         "vllm_version": version})
+    out = R.decide(d, Flags(), ctx(version, sizing("Qwen2.5-7B-Instruct", version), free=L4_TOTAL - 3.0))
+    assert out.flags.get_float("--gpu-memory-utilization") < 0.9
+    assert serves("Qwen2.5-7B-Instruct", version, out.flags, other_gib=3.0).ok     # no CUDA-graph OOM next
+
+
+# -- a remedy that frees memory also cuts the length the plan says cannot fit ----------------
+def test_no_kv_memory_raises_utilization_and_sizes_the_length():
+    version = "0.32.0"
+    flags = Flags.parse("--tensor-parallel-size 2")
+    assert serves("Llama-3.3-70B-Instruct-AWQ", version, flags, count=2).kind == "no_kv_cache_memory"
+    s = sizing("Llama-3.3-70B-Instruct-AWQ", version, gpus=2)
+    out = R.decide(Diagnosis(Kind.NO_KV_CACHE_MEMORY), flags, ctx(version, s, free=L4_TOTAL, requested=flags))
+    assert out.step == "no_kv:gpu_memory_utilization"
+    assert out.flags.get_float("--gpu-memory-utilization") > 0.92
+    assert 2048 <= out.flags.get_int("--max-model-len") < 131072
+    assert serves("Llama-3.3-70B-Instruct-AWQ", version, out.flags, count=2).ok
+
+
+def test_the_plan_foresees_no_kv_memory_and_the_first_launch_takes_the_remedy():
+    version = "0.32.0"
+    flags = Flags.parse("--tensor-parallel-size 2")
+    s = sizing("Llama-3.3-70B-Instruct-AWQ", version, gpus=2)
+    fl = s.first_launch(flags, total_bytes=int(L4_TOTAL * GiB), free_bytes=int(L4_TOTAL * GiB))
+    assert fl.expect == "no_kv_cache_memory" and not fl.flags
+    ahead = R.plan_ahead(fl.expect, flags, ctx(version, s, free=L4_TOTAL, requested=flags))
+    assert ahead is not None
+    assert serves("Llama-3.3-70B-Instruct-AWQ", version, ahead.flags, count=2).ok
+    assert R.plan_ahead("not_a_kind", flags, ctx(version, s)) is None
+
+
+def test_a_model_the_plan_cannot_size_falls_back_to_the_plain_rule():
+    version = "0.6.6.post1"
+    flags = Flags.parse("--max-model-len 32768 --kv-cache-dtype no_such_dtype")
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 32768, "fit_max_model_len": 13280,
+                                                         "vllm_version": version})
+    out = R.decide(d, flags, ctx(version, sizing("Llama-3.1-8B-Instruct", version), free=L4_TOTAL,
+                                 requested=flags))
+    assert out.flags.get("--max-model-len") == "13280"
+
+
+def test_utilization_under_free_and_the_v0_gain():
+    total = 22.06 * GiB
+    assert P.utilization_under_free(19.06 * GiB, total) == 0.84                      # NVML: less the context
+    assert P.utilization_under_free(18.66 * GiB, total, context_bytes=0) == 0.84    # vLLM's own figure
+    info = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+    gain = P.v0_chunked_gain_tokens(info, from_tokens=32768, to_tokens=512)
+    # MLP activations at 32768 tokens (3.3 GiB) against the sampler's 256 x 128256 fp32 logits at 512
+    act = P.activation_bytes(info, tokens=32768, seqs=256) - P.activation_bytes(info, tokens=512, seqs=256)
+    assert gain == act // P.kv_bytes_per_token(info) and 15_000 < gain < 25_000
+    assert P.v0_chunked_gain_tokens(info, from_tokens=512, to_tokens=512) == 0

@@ -1,4 +1,4 @@
-"""``vllm-guard diagnose [--json] [--flags ARGS] FILE...``: name the failure in saved vLLM logs.
+"""``vllm-guard diagnose [--json] [--flags ARGS] [--model M --gpu-total-gib G] FILE...``: name the failure in saved vLLM logs.
 
 The same :class:`~supervisor.diagnosis.Classifier` the daemon runs on live output reads each file
 (``-`` is standard input) as bytes, in bounded chunks, so a bad encoding or a huge file never
@@ -33,12 +33,17 @@ def add_parser(subparsers: Any) -> None:
                    "e.g. \"--max-model-len 32768 --gpu-memory-utilization 0.9\"")
     p.add_argument("--exit-code", type=int, metavar="N",
                    help="vLLM's exit status, when known (a non-zero exit with no message is engine_dead)")
+    p.add_argument("--model", metavar="MODEL", help="the model (directory, config.json, or a Hub id in the "
+                   "local cache): with --gpu-total-gib, the remedy sizes as the daemon does")
+    p.add_argument("--gpu-total-gib", type=float, metavar="GIB", help="the GPU's memory, as NVML reports it")
+    p.add_argument("--gpu-free-gib", type=float, metavar="GIB", help="the GPU's free memory before the launch")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose every file; print one report (or JSON line) each."""
     status = EXIT_OK
+    facts = _facts(args)
     for name in args.files:
         try:
             diagnosis = _diagnose_file(name, getattr(args, "exit_code", None))
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"vllm-guard diagnose: {name}: {e.strerror or e}", file=sys.stderr)
             status = EXIT_UNREADABLE
             continue
-        remedy = _suggest(diagnosis, getattr(args, "flags", None))
+        remedy = _suggest(diagnosis, getattr(args, "flags", None), facts)
         if args.json:
             print(json.dumps(_as_json(name, diagnosis, remedy), ensure_ascii=False), flush=True)
         else:
@@ -85,14 +90,40 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def _suggest(diagnosis: Diagnosis, flags: str | None) -> dict[str, Any]:
+def _facts(args: argparse.Namespace) -> dict[str, Any]:
+    """The model's facts and the GPU's memory the daemon would have had (``--model``, ``--gpu-*``)."""
+    model = getattr(args, "model", None)
+    facts: dict[str, Any] = {"gpu_total_gib": getattr(args, "gpu_total_gib", None),
+                             "gpu_free_gib": getattr(args, "gpu_free_gib", None)}
+    if not model:
+        return facts
+    from supervisor.flags import Flags
+    from supervisor.modelinfo import load_model_info
+    from supervisor.plan import Sizing
+
+    try:
+        info = load_model_info(model, online=False)
+    except Exception as e:  # noqa: BLE001 - a broken config.json must not hide the diagnosis
+        print(f"vllm-guard diagnose: {model}: {type(e).__name__}: {e}", file=sys.stderr)
+        info = None
+    if info is None:
+        print(f"vllm-guard diagnose: no config.json found for {model}; sizing from the log alone",
+              file=sys.stderr)
+        return facts
+    flags = Flags.parse(getattr(args, "flags", None) or "")
+    gpus = (flags.get_int("--tensor-parallel-size") or 1) * (flags.get_int("--pipeline-parallel-size") or 1)
+    facts["sizing"] = Sizing(info, gpus=gpus)
+    return facts
+
+
+def _suggest(diagnosis: Diagnosis, flags: str | None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
         from supervisor.remedy import suggest
     except ImportError:   # the remedy module is optional for offline diagnosis
         suggest = None
     if suggest is not None:
         try:
-            return suggest(diagnosis, flags)
+            return suggest(diagnosis, flags, **(facts or {}))
         except Exception as e:  # noqa: BLE001 - a remedy bug must not hide the diagnosis
             print(f"vllm-guard diagnose: no remedy ({type(e).__name__}: {e})", file=sys.stderr)
     healable = diagnosis.kind not in (Kind.CONFIG_ERROR, Kind.HEALTHY)

@@ -119,3 +119,25 @@ def test_real_command_missing_file_exit_status() -> None:
     assert done.returncode == 2
     assert b"/nonexistent/vllm.log" in done.stderr
     assert b"kv_cache_insufficient" in done.stdout
+
+
+def test_model_and_gpu_facts_replay_the_daemons_sizing(capsys: pytest.CaptureFixture[str]) -> None:
+    busy = LOGS / "v1" / "0.10.2-insufficient-free-memory-tp2.log"       # 61.42 of 79.19 GiB free
+    model = ROOT / "tests" / "fixtures" / "models" / "Qwen2.5-7B-Instruct"
+    assert _run(["--json", "--flags", "--tensor-parallel-size 2", str(busy)]) == 0
+    alone = json.loads(capsys.readouterr().out)["remedy"]["flags"]
+    assert set(alone) == {"--gpu-memory-utilization"}
+    assert _run(["--json", "--flags", "--tensor-parallel-size 2", "--model", str(model), str(busy)]) == 0
+    sized = json.loads(capsys.readouterr().out)["remedy"]["flags"]
+    assert float(sized["--gpu-memory-utilization"]) * 79.19 <= 61.42    # passes vLLM's free check
+    assert "--max-model-len" not in sized                               # 32768 still fits at that share
+
+    lean = LOGS / "v1" / "0.9.1-insufficient-free-memory.log"           # 10.2 of 23.64 GiB free
+    assert _run(["--json", "--model", str(model), str(lean)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["healable"] is False and "weights" in out["remedy"]["why"]   # 14.2 GiB of weights cannot fit
+
+    assert _run(["--json", "--model", "/no/such/model", str(lean)]) == 0
+    captured = capsys.readouterr()
+    assert "no config.json found" in captured.err
+    assert json.loads(captured.out)["remedy"]["flags"] == {"--gpu-memory-utilization": "0.40"}

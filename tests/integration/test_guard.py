@@ -82,6 +82,24 @@ def test_insufficient_free_memory_lowers_utilization_only(run):
     assert g.terminate() == 0
 
 
+def test_busy_gpu_with_the_models_config_heals_share_and_length_in_one_relaunch(run):
+    # The guard reads the model's config.json (no NVML here): vLLM's "Free memory on device" numbers
+    # and the model's facts give both flags at once, instead of a second failure about the length.
+    model = str(ROOT / "tests" / "fixtures" / "models" / "Llama-3.1-8B-Instruct")
+    g = run({"version": "0.32.0", "model": LLAMA8B, "gpu": {"other_used_gib": 3}}, model=model)
+    s = g.wait_healthy(launches=2)
+    first, second = s["launches"]
+    assert first["kind"] == "insufficient_free_memory"
+    util = float(argv_flag(second["argv"], "--gpu-memory-utilization"))
+    length = int(argv_flag(second["argv"], "--max-model-len"))
+    assert util * 23.55 <= 20.15
+    fit = true_fit("0.32.0", {"--gpu-memory-utilization": str(util)}, {"other_used_gib": 3})
+    assert 0.9 * fit <= length <= fit                    # what fits at that share, less the plan's margin
+    assert s["changed_flags"]["--max-model-len"]["source"] == "heal"
+    assert g.chat(model).status_code == 200
+    assert g.terminate() == 0
+
+
 def test_cudagraph_oom_heals_with_enforce_eager(run):
     g = run({"version": "0.10.2", "model": LLAMA8B, "cudagraph_gib": 3.0},
             vllm_args=["--max-model-len", "8192"])

@@ -173,10 +173,12 @@ class Fit:
 def reference_fit(case: Case) -> Fit:
     """Search the emulator for the largest context (<= the request) a careful person could serve.
 
-    Tiers, each tried only when the one before cannot serve ``MIN_LEN`` tokens: CUDA graphs on,
-    then --enforce-eager, then fp8 KV (where the GPU and version take it), then both. In every
-    tier: any --max-model-len, and the user's (default) utilization, or the highest 0.01 step
-    that free memory allows when other processes hold some. Not allowed: smaller batches or a
+    Tiers, in the order the guard's policy degrades (``remedy._kv_cache``), each tried only when
+    the one before cannot serve ``MIN_LEN`` tokens: CUDA graphs on, then fp8 KV (where the GPU
+    and version take it), then --enforce-eager, then both. In every tier: any --max-model-len at
+    the user's (default) utilization or, when other processes hold memory, at the highest 0.01
+    step free memory allows; with CUDA graphs on also any lower step, because vLLM < 0.20 captures
+    them outside its budget and needs room left for them. Not allowed: smaller batches or a
     utilization above the default (they trade safety for context). V0 profiles the whole context
     unchunked up to 32768, so the length is searched on each side of that switch.
     """
@@ -186,29 +188,39 @@ def reference_fit(case: Case) -> Fit:
     default = float(emu.default_utilization(case.version))
     util = case.requested.get_float("--gpu-memory-utilization") or default
     free_frac = (gpu.total_gib - gpu.other_used_gib - CONTEXT_GIB) / gpu.total_gib
-    utils = [util] + ([math.floor(free_frac * 100) / 100] if free_frac < util else [])
-    tiers = [(False, False), (True, False)]
+    top = min(util, math.floor(free_frac * 100) / 100)
+    tiers = [(False, False)]
     if fp8_kv_supported(case.gpu.cc, case.version, spec.mla):
-        tiers += [(False, True), (True, True)]
+        tiers += [(False, True), (True, False), (True, True)]
+    else:
+        tiers += [(True, False)]
+
+    def longest(flags: Flags) -> int:
+        def ok(n: int) -> bool:
+            return simulate(spec, gpu, case.version, flags.set("--max-model-len", str(n))).ok
+
+        for lo, hi in ((32769, cap), (1, min(cap, 32768))):
+            n = _largest(ok, lo, hi)
+            if n:
+                return n
+        return 0
+
     for eager, fp8 in tiers:
         best = Fit(0, case.requested)
-        for u in utils:
+        u, steps = top, 0
+        while u > 0.3 and steps < 40:
             flags = case.requested.set("--gpu-memory-utilization", f"{u:.2f}") if u != util \
                 else case.requested
             if eager:
                 flags = flags.set("--enforce-eager")
             if fp8:
                 flags = flags.set("--kv-cache-dtype", "fp8")
-
-            def ok(n: int, flags: Flags = flags) -> bool:
-                return simulate(spec, gpu, case.version, flags.set("--max-model-len", str(n))).ok
-
-            for lo, hi in ((32769, cap), (1, min(cap, 32768))):
-                n = _largest(ok, lo, hi)
-                if n > best.length:
-                    best = Fit(n, flags.set("--max-model-len", str(n)))
-                if n:
-                    break
+            n = longest(flags)
+            if n > best.length:
+                best = Fit(n, flags.set("--max-model-len", str(n)))
+            elif best.length or eager:
+                break        # past the best: less memory only shortens the context from here
+            u, steps = round(u - 0.01, 2), steps + 1
         if best.length >= MIN_LEN:
             return best
     return Fit(0, case.requested)

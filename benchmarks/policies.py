@@ -18,8 +18,8 @@ from supervisor.flags import Flags
 from supervisor.gpu import fp8_kv_supported
 from supervisor.model import Diagnosis
 from supervisor.modelinfo import derive_max_model_len
-from supervisor.plan import first_launch
-from supervisor.remedy import Context, GiveUp, decide
+from supervisor.plan import Sizing
+from supervisor.remedy import Context, GiveUp, decide, plan_ahead
 
 from benchmarks.matrix import GiB, Case, model_info, model_spec
 from benchmarks.render import emu, render
@@ -132,25 +132,44 @@ def nvml_free_gib(case: Case) -> float:
     return case.gpu.total_gib - case.gpu.other_gib
 
 
+def sizing(case: Case) -> Sizing:
+    """The model's and GPUs' facts as ``startup._sizing`` gathers them (config.json, NVML)."""
+    cfg = GuardConfig()
+    return Sizing(model_info(case.model.path), gpus=case.gpu.count, vllm_version=case.version,
+                  margin=cfg.plan.margin, min_model_len=cfg.remedies.min_model_len, platform="cuda",
+                  compute_capability=case.gpu.cc, device_name=case.gpu.name,
+                  utilization_margin=cfg.remedies.utilization_margin)
+
+
+def context(case: Case, version: str | None = None, block: int | None = None, **loop_state) -> Context:
+    """What ``Guard.remedy_context`` hands the policy: start-up facts plus the loop's state."""
+    cfg = GuardConfig()
+    info = model_info(case.model.path)
+    version = version or case.version
+    return Context(requested=case.requested, rules=cfg.remedies, gpu_free_gib=nvml_free_gib(case),
+                   gpu_total_gib=case.gpu.total_gib, vllm_version=version, block_size=block,
+                   derived_max_model_len=derive_max_model_len(info, version),
+                   fp8_supported=fp8_kv_supported(case.gpu.cc, version, info.mla), sizing=sizing(case),
+                   **loop_state)
+
+
 def planned_flags(case: Case) -> Flags:
     """The guard's first launch with its plan (``startup._choose_first_flags``)."""
-    info = model_info(case.model.path)
-    cfg = GuardConfig()
-    fl = first_launch(
-        info, gpu_total_bytes=int(case.gpu.total_gib * GiB), gpu_free_bytes=int(nvml_free_gib(case) * GiB),
-        gpus=case.gpu.count, flags=case.requested, vllm_version=case.version, margin=cfg.plan.margin,
-        min_model_len=cfg.remedies.min_model_len, platform="cuda", compute_capability=case.gpu.cc,
-        device_name=case.gpu.name)
+    fl = sizing(case).first_launch(case.requested, total_bytes=int(case.gpu.total_gib * GiB),
+                                   free_bytes=int(nvml_free_gib(case) * GiB))
     flags = case.requested
     for k, v in fl.flags.items():
         flags = flags.set(k, v)
+    if fl.expect:
+        ahead = plan_ahead(fl.expect, flags, context(case))
+        if ahead is not None:
+            flags = ahead.flags
     return flags
 
 
 def run_guard(case: Case, plan: bool) -> Run:
     """vllm-guard's loop (``Guard._supervise``) on one case, the GPU known from NVML."""
     cfg = GuardConfig()
-    info = model_info(case.model.path)
     run = Run("vllm-guard + plan" if plan else "vllm-guard")
     flags = planned_flags(case) if plan else case.requested
     tried: list[str] = []
@@ -172,12 +191,8 @@ def run_guard(case: Case, plan: bool) -> Run:
         if launch.ok:            # the guard's probe would pass: a chat completion answers
             run.served_len = r.outcome.served_max_model_len
             return run
-        ctx = Context(requested=case.requested, last_good=None, rules=cfg.remedies,
-                      gpu_free_gib=nvml_free_gib(case), gpu_total_gib=case.gpu.total_gib,
-                      vllm_version=version, block_size=block,
-                      derived_max_model_len=derive_max_model_len(info, version),
-                      tried=tuple(tried), previous=tuple(previous), port_failures=port_failures,
-                      fp8_supported=fp8_kv_supported(case.gpu.cc, version, info.mla))
+        ctx = context(case, version, block, tried=tuple(tried), previous=tuple(previous),
+                      port_failures=port_failures)
         decision = decide(d, flags, ctx)
         if isinstance(decision, GiveUp):
             run.gave_up = f"gave up: {decision.reason}"

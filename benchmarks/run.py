@@ -108,18 +108,22 @@ budget; V1 that counts graph memory). {healable} are healable: something at leas
 long serves. Each launch's outcome comes from the memory emulator (`tests/fakes/emulator.py`); for
 vllm-guard the failure is printed as the fake vLLM prints it for that version, classified by
 `supervisor.diagnosis.Classifier`, and the next flags come from `supervisor.remedy.decide` with the
-loop state of `Guard._supervise`. "+ plan": the first flags come from `supervisor.plan.first_launch`
-(GPU total and free memory known, as from NVML). Every policy gets at most {MAX_LAUNCHES} launches
-(Ollama's ladder retries once).
+loop state of `Guard._supervise` and what the daemon knows at start-up (config.json's facts as
+`supervisor.plan.Sizing`, GPU total and free memory as from NVML). "+ plan": the first flags come from
+`supervisor.plan.first_launch` (and, when it foresees "no memory for the KV cache", from the remedy
+for that failure, `remedy.plan_ahead`); plain "vllm-guard" launches the user's flags first, as with
+`[plan] enabled = false`. Every policy gets at most {MAX_LAUNCHES} launches (Ollama's ladder retries once).
 
 Baselines: plain restart (`Restart=always`: the same flags again); halving ladder (halve
 `--max-model-len`, starting from config.json's length); Ollama's ladder (> 32k -> 32768, else > 4k ->
 4096, one retry); multiplicative (utilization x 0.85 and length x 0.75 per try).
 
 "Context kept" is the served `--max-model-len` over the largest that fits, found by searching the
-emulator: CUDA graphs on, then `--enforce-eager`, then fp8 KV, then both (each tier only if the one
-before cannot serve {matrix.MIN_LEN} tokens), with the default utilization or the highest that free
-memory allows. Launches and time are over the cases each policy healed.
+emulator in the order the policy degrades: CUDA graphs on, then fp8 KV (where the GPU takes it), then
+`--enforce-eager`, then both (each tier only if the one before cannot serve {matrix.MIN_LEN} tokens),
+at the default utilization or the highest that free memory allows, and with CUDA graphs on also any
+lower 0.01 step (vLLM < 0.20 captures them outside its budget, so a busy GPU needs room left for them).
+Launches and time are over the cases each policy healed.
 
 {policy_md}
 
@@ -138,11 +142,12 @@ least 95% of the context that fits. {len(missed)} misses:
 
 - The emulator sizes V0's KV cache (0.6.5-0.10, per-instance budget, no start-up free-memory check)
   without checking it fits in the memory other processes leave: on a busy GPU only the later
-  CUDA-graph capture fails, and with `--enforce-eager` such a launch "serves". Real vLLM would run
-  out of memory allocating the cache, so the busy-GPU V0 rows are optimistic for every policy and
-  for the reference alike (reported to the emulator's owner).
-- The plan and the emulator disagree on non-torch memory with tensor parallelism (plan 0.25 GiB
-  per rank, emulator 0.1 GiB), which decides the 70B AWQ TP2 on 2x L4 rows.
+  CUDA-graph capture fails, and with `--enforce-eager` such a launch would "serve" where real vLLM
+  runs out of memory allocating the cache. No served row or reference of this matrix takes that
+  path (every busy-GPU V0 result keeps CUDA graphs at a utilization that leaves room for them).
+- The plan shares the emulator's formulas (activation, non-torch, graph pools within 0.03 GiB), so
+  the "+ plan" rows measure the plan's logic and margin, not its error against a real GPU: those
+  estimates are uncalibrated (no GPU was lent).
 - Time to healthy uses published per-phase figures, not this machine.
 
 ## Cost of the guard

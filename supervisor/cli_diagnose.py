@@ -1,4 +1,5 @@
-"""``vllm-guard diagnose [--json] [--flags ARGS] [--model M --gpu-total-gib G] FILE...``: name the failure in saved vLLM logs.
+"""``vllm-guard diagnose [--json] [--flags ARGS] [--model M] [--gpu-total-gib G] FILE...``: name the
+failure in saved vLLM logs.
 
 The same :class:`~supervisor.diagnosis.Classifier` the daemon runs on live output reads each file
 (``-`` is standard input) as bytes, in bounded chunks, so a bad encoding or a huge file never
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import IO, Any, Iterator
 
@@ -35,9 +37,19 @@ def add_parser(subparsers: Any) -> None:
                    help="vLLM's exit status, when known (a non-zero exit with no message is engine_dead)")
     p.add_argument("--model", metavar="MODEL", help="the model (directory, config.json, or a Hub id in the "
                    "local cache): with --gpu-total-gib, the remedy sizes as the daemon does")
-    p.add_argument("--gpu-total-gib", type=float, metavar="GIB", help="the GPU's memory, as NVML reports it")
-    p.add_argument("--gpu-free-gib", type=float, metavar="GIB", help="the GPU's free memory before the launch")
+    p.add_argument("--gpu-total-gib", type=_gib, metavar="GIB", help="the GPU's memory, as NVML reports it")
+    p.add_argument("--gpu-free-gib", type=_gib, metavar="GIB", help="the GPU's free memory before the launch")
     p.set_defaults(func=run)
+
+
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GiB")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,8 +122,11 @@ def _facts(args: argparse.Namespace) -> dict[str, Any]:
         print(f"vllm-guard diagnose: no config.json found for {model}; sizing from the log alone",
               file=sys.stderr)
         return facts
-    flags = Flags.parse(getattr(args, "flags", None) or "")
-    gpus = (flags.get_int("--tensor-parallel-size") or 1) * (flags.get_int("--pipeline-parallel-size") or 1)
+    try:
+        flags = Flags.parse(getattr(args, "flags", None) or "")
+        gpus = (flags.get_int("--tensor-parallel-size") or 1) * (flags.get_int("--pipeline-parallel-size") or 1)
+    except ValueError:       # unparseable --flags: the remedy step reports it
+        gpus = 1
     facts["sizing"] = Sizing(info, gpus=gpus)
     return facts
 

@@ -379,8 +379,7 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         if value is not None and value != current.get(flag) and _allowed(
                 ctx, "kv_cache_fp8" if flag == KV_DTYPE else "max_model_len"):
             flags = flags.set(flag, value)
-            changes.append(Change(flag, current.get(flag), value,
-                                  f"at {_fmt_util(util)} " + planned.reasons.get(flag, "the plan says so")))
+            changes.append(Change(flag, current.get(flag), value, planned.reasons.get(flag, "the plan says so")))
     return Relaunch(flags, tuple(changes), why, step="gpu_memory_utilization_free")
 
 
@@ -581,7 +580,8 @@ def _foresee(decision: Relaunch, ctx: Context) -> Relaunch:
     length = decision.flags.get_int(MML) or ctx.derived_max_model_len
     if new is None or not new.isdigit() or (length and int(new) >= length):
         return decision
-    change = Change(MML, decision.flags.get(MML), new, "and " + planned.reasons.get(MML, "the plan says so"))
+    change = Change(MML, decision.flags.get(MML), new,
+                    "with the relaunch's other flags, " + planned.reasons.get(MML, "the plan says so"))
     return Relaunch(decision.flags.set(MML, new), decision.changes + (change,), decision.why, step=decision.step)
 
 

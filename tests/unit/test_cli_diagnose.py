@@ -141,3 +141,11 @@ def test_model_and_gpu_facts_replay_the_daemons_sizing(capsys: pytest.CaptureFix
     captured = capsys.readouterr()
     assert "no config.json found" in captured.err
     assert json.loads(captured.out)["remedy"]["flags"] == {"--gpu-memory-utilization": "0.40"}
+
+
+def test_gpu_memory_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "-3", "nan", "lots"):
+        with pytest.raises(SystemExit) as e:
+            _run(["--gpu-total-gib", bad, str(KV)])
+        assert e.value.code == 2
+        assert "is not a positive number of GiB" in capsys.readouterr().err

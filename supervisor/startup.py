@@ -376,22 +376,18 @@ def backoff_delay(cfg: BackoffConfig, attempt: int, rng: random.Random | None = 
 @contextlib.asynccontextmanager
 async def gpu_turn(g: "Guard") -> AsyncIterator[None]:
     """Hold the GPU's start-up turn while this launch starts (released when healthy or over)."""
-    turn = state.GpuTurn(g.env_start.gpu_key)
-    g.env_start.turn = turn
-    deadline = time.monotonic() + g.cfg.startup_timeout
+    def waiting() -> None:
+        log.info("another vLLM is starting on this GPU; waiting for its turn")
+
     try:
-        waited = False
-        while not turn.step():
-            if not waited:
-                log.info("another vLLM is starting on this GPU; waiting for its turn")
-                waited = True
-            if time.monotonic() > deadline:
-                raise Refused("timed out waiting for another guard's vLLM to finish starting "
-                              "on this GPU", EX_TEMPFAIL)
-            await asyncio.sleep(0.5)
-        yield
-    finally:
-        release_turn(g)
+        async with state.gpu_turn_async(g.env_start.gpu_key, g.cfg.startup_timeout, on_wait=waiting) as turn:
+            g.env_start.turn = turn
+            try:
+                yield
+            finally:
+                release_turn(g)
+    except state.GpuTurnTimeout as e:
+        raise Refused(f"timed out waiting for another guard's vLLM to finish starting: {e}", EX_TEMPFAIL) from None
 
 
 def release_turn(g: "Guard") -> None:

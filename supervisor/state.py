@@ -311,20 +311,25 @@ def gpu_turn(key: str, timeout: float, poll: float = 0.1) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5) -> AsyncIterator[None]:
-    """:func:`gpu_turn` for asyncio: polls the lock without blocking the event loop."""
+async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5,
+                         on_wait: Callable[[], None] | None = None) -> AsyncIterator[GpuTurn]:
+    """:func:`gpu_turn` for asyncio: polls the lock without blocking the event loop. ``on_wait`` is
+    called once if the turn is not free at first; the turn is yielded so it can be closed early
+    (closing twice is harmless)."""
     turn = GpuTurn(key)
     try:
         deadline = time.monotonic() + timeout
+        waited = False
         while not turn.step():
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
             if time.monotonic() >= deadline:
                 raise turn.timeout(timeout)
             await asyncio.sleep(poll)
-        yield
+        yield turn
     finally:
         turn.close()
-
-
 
 
 # --- learned flags --------------------------------------------------------------------------

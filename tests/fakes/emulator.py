@@ -1,8 +1,9 @@
 """A pure model of vLLM's start-up memory arithmetic: what a launch would do on a given GPU.
 
 Follows the "Simulator recipe" of /work/shared/research/vllm-memory-model.md §8: derived max
-length, the V1 free-memory check, weights, activation peak, KV budget, the KV fit check and
-CUDA-graph capture, each with the per-version rules the research read from vLLM's source.
+length, the V1 free-memory check, weights, activation peak, KV budget, the KV fit check, V0's
+allocation of the cache in what other processes leave, and CUDA-graph capture, each with the
+per-version rules the research read from vLLM's source.
 No I/O; stdlib only, so the fake server can import it as a plain script neighbour.
 """
 
@@ -36,6 +37,7 @@ class ModelSpec:
     hidden: int = 4096
     intermediate: int = 11008
     mla: bool = False
+    num_layers: int = 32             # V0 allocates the KV cache one layer at a time
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,14 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
         if max_len > capacity:
             n["fit_max_model_len"] = capacity
             return _fail("kv_cache_insufficient", "kv_cache", n)
+        # V0 sizes the cache against its own budget only (0.6.5+); allocating it, layer by layer,
+        # needs the memory other processes left (vllm/worker/cache_engine.py _allocate_kv_cache).
+        left = gpu.total_gib - gpu.other_used_gib - context_gib - weights - non_torch_gib
+        if not global_cap and kv_gib > left:
+            layer = kv_gib / max(1, model.num_layers)
+            n["tried_to_allocate_mib"] = round(layer * 1024, 2)
+            n["free_gib"] = round(max(left - int(left / layer) * layer, 0.0), 4)
+            return _fail("oom_profile", "kv_cache", n)
     else:
         needed = math.ceil(max_len / block_size) * page
         if needed > usable:

@@ -513,6 +513,22 @@ _F_CAPTURE = frames(_CORE, _OTEL, _PROC_INIT,
                     ("{S}/vllm/v1/worker/gpu_model_runner.py", 6501, "_capture_cudagraphs", "self._dummy_run("),
                     ("{S}/vllm/compilation/cuda_graph.py", 288, "__call__", "with torch.cuda.graph("),
                     ("{S}/torch/cuda/graphs.py", 186, "__exit__", "self.cuda_graph.capture_end()"))
+# V0 (0.6.x, the multiprocessing engine) allocating its KV cache, one torch.zeros per layer (the
+# wheel of 0.6.6.post1: engine/multiprocessing/engine.py, engine/llm_engine.py, worker/).
+_F_V0_KV_ALLOC = frames(
+    ("{S}/vllm/engine/multiprocessing/engine.py", 357, "run_mp_engine",
+     "engine = MQLLMEngine.from_engine_args(engine_args=engine_args,"),
+    ("{S}/vllm/engine/multiprocessing/engine.py", 119, "from_engine_args", "return cls(ipc_path=ipc_path,"),
+    ("{S}/vllm/engine/multiprocessing/engine.py", 71, "__init__", "self.engine = LLMEngine(*args, **kwargs)"),
+    ("{S}/vllm/engine/llm_engine.py", 276, "__init__", "self._initialize_kv_caches()"),
+    ("{S}/vllm/engine/llm_engine.py", 429, "_initialize_kv_caches",
+     "self.model_executor.initialize_cache(num_gpu_blocks, num_cpu_blocks)"),
+    ("{S}/vllm/executor/gpu_executor.py", 83, "initialize_cache",
+     "self.driver_worker.initialize_cache(num_gpu_blocks, num_cpu_blocks)"),
+    ("{S}/vllm/worker/worker.py", 274, "initialize_cache", "self._init_cache_engine()"),
+    ("{S}/vllm/worker/worker.py", 280, "_init_cache_engine", "CacheEngine(self.cache_config, self.model_config,"),
+    ("{S}/vllm/worker/cache_engine.py", 62, "__init__", "self.gpu_cache = self._allocate_kv_cache("),
+    ("{S}/vllm/worker/cache_engine.py", 81, "_allocate_kv_cache", "torch.zeros(kv_cache_shape,"))
 _F_BACKEND = frames(*_F_EXECUTOR[:-1],
                     ("{S}/vllm/v1/executor/uniproc_executor.py", 54, "_init_executor", 'self.driver_worker.load_model()'),
                     ("{S}/vllm/v1/worker/gpu_model_runner.py", 4512, "load_model", "self.model = model_loader.load_model("),
@@ -575,8 +591,8 @@ def api_frames(serve: bool, where: str) -> str:
     return head + "\n" + _TO_ENGINE_ARGS + "\n" + tail
 
 
-def engine_failure(kind: str, v: tuple, gen: str, n: dict, flags: dict) -> tuple[str, str]:
-    """(traceback text, last line) that the engine raises for ``kind``."""
+def engine_failure(kind: str, v: tuple, gen: str, n: dict, flags: dict, phase: str = "") -> tuple[str, str]:
+    """(traceback text, last line) that the engine raises for ``kind`` (in ``phase``)."""
     if kind == "kv_cache_insufficient":
         exc = kv_message(v, gen, n)
         return traceback_text(_F_KV, exc), exc
@@ -593,6 +609,9 @@ def engine_failure(kind: str, v: tuple, gen: str, n: dict, flags: dict) -> tuple
     if kind == "oom_weights":
         exc = torch_oom(n, False, v)
         return traceback_text(_F_LOAD, exc), exc
+    if kind == "oom_profile" and phase == "kv_cache":
+        oom = torch_oom(n, False, v)
+        return traceback_text(_F_V0_KV_ALLOC, oom), oom
     if kind == "oom_profile":
         oom = torch_oom(n, False, v)
         if n.get("sampler_peak") and gen == "v1" and v >= (0, 8, 0):
@@ -758,7 +777,7 @@ class Engine:
             log.info("backends.py:548", f"Dynamo bytecode transform time: {self.speed * 3:.2f} s")
             log.info("backends.py:215", f"Compiling a graph for dynamic shape takes {self.speed * 8:.2f} s")
         self.pause(2)
-        if out.kind == "oom_profile":
+        if out.kind == "oom_profile" and out.phase == "profiling":
             return self.fail(out)
         if v1 and v >= (0, 20, 0) and not eager:
             log.info(f"{worker}:424", f"Estimated CUDA graph memory: {sc.cudagraph_gib:.2f} GiB total")
@@ -780,7 +799,7 @@ class Engine:
             if v >= (0, 6, 3):
                 log.info("executor_base.py:116", f"Maximum concurrency for {n['max_model_len']} tokens per request: "
                          f"{n['num_blocks'] * sc.block_size / n['max_model_len']:.2f}x")
-        if out.kind == "kv_cache_insufficient":
+        if out.kind in ("kv_cache_insufficient", "oom_profile"):      # the latter: allocating the cache
             return self.fail(out)
         max_len = out.served_max_model_len or n["max_model_len"]
         if "auto_fit_max_model_len" in n:
@@ -857,7 +876,7 @@ class Engine:
         """The V1 / V0 start-up failure envelope printed by the engine process (research §3)."""
         v, log = self.v, self.log
         gen = out.numbers["engine"]
-        tb, last = engine_failure(out.kind, v, gen, out.numbers, self.flags)
+        tb, last = engine_failure(out.kind, v, gen, out.numbers, self.flags, out.phase)
         if gen == "v1" and v >= (0, 8, 5):
             log.error("core.py:1510", "EngineCore failed to start.\n" + tb)
         elif gen == "v1" and v >= (0, 7, 0):

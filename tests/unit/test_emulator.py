@@ -201,3 +201,17 @@ def test_every_kind_is_a_supervisor_kind():
     ]]
     assert all(c.kind is None or c.kind in names for c in cases)
     assert cases[1].ok and cases[1].kind is None and cases[1].phase == "serving"
+
+
+def test_v0_kv_cache_allocation_runs_out_where_other_processes_hold_memory():
+    busy = GpuSpec(total_gib=23.55, other_used_gib=3.0)
+    flags = {"--max-model-len": "8192", "--enforce-eager": ""}
+    out = simulate(LLAMA_8B, busy, "0.6.6.post1", flags)
+    # 0.9 x 23.55 = 21.2 GiB budget, but only 23.55 - 3 - 0.4 = 20.15 GiB is there: the cache,
+    # sized against the budget, does not fit in what the weights leave
+    assert out.kind == Kind.OOM_PROFILE.value and out.phase == "kv_cache"
+    assert 0 < out.numbers["tried_to_allocate_mib"] < out.numbers["kv_available_gib"] * 1024
+    assert simulate(LLAMA_8B, busy, "0.6.6.post1", {**flags, "--gpu-memory-utilization": "0.85"}).ok
+    assert simulate(LLAMA_8B, GpuSpec(total_gib=23.55), "0.6.6.post1", flags).ok      # nobody else: fits
+    # 0.6.4 caps the device globally: the budget already lacks the others' memory
+    assert simulate(LLAMA_8B, busy, "0.6.4", flags).ok

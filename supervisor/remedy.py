@@ -444,7 +444,36 @@ def _no_kv(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                    "the weights and activations leave no memory for the KV cache")
 
 
+def _oom_kv_alloc(d: Diagnosis, current: Flags, ctx: Context) -> Relaunch | None:
+    """CUDA ran out of memory allocating the KV cache vLLM had sized: its budget counts on memory
+    other processes hold (V0 sizes against its own share only; any vLLM when a neighbour grew after
+    profiling). A share under what they leave fits it, with room for CUDA graphs before 0.20."""
+    if "oom_kv_alloc" in ctx.tried or not _allowed(ctx, "gpu_memory_utilization"):
+        return None
+    now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
+    target = None
+    if ctx.gpu_free_gib and ctx.gpu_total_gib:
+        planned = _plan(ctx, current.set(UTIL, f"{now:g}"), total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
+        if planned is not None and UTIL in planned.flags:
+            target = float(planned.flags[UTIL])
+        else:
+            reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
+            target = utilization_under_free((ctx.gpu_free_gib - reserve) * GiB, ctx.gpu_total_gib * GiB,
+                                            margin=ctx.rules.utilization_margin)
+    if target is None or target >= now:
+        target = round(now - 0.05, 2)       # nothing known about the other processes: a step down
+    if target < 0.05:
+        return None
+    return _set(current, UTIL, _fmt_util(target),
+                "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's "
+                f"budget counted on; {_fmt_util(target)} stays under what they leave", "oom_kv_alloc")
+
+
 def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    if d.phase == "kv_cache":
+        alloc = _oom_kv_alloc(d, current, ctx)
+        if alloc is not None:
+            return alloc
     dummy = _num(d, "num_dummy_requests")
     if "oom_profile:max_num_seqs" not in ctx.tried and _allowed(ctx, "max_num_seqs"):
         new = _halve(current, SEQS, default_max_num_seqs(ctx.vllm_version),

@@ -100,6 +100,20 @@ def test_busy_gpu_with_the_models_config_heals_share_and_length_in_one_relaunch(
     assert g.terminate() == 0
 
 
+def test_v0_kv_cache_allocation_oom_on_a_busy_gpu_lowers_the_share(run):
+    # V0 sizes its cache against its own share; allocating it runs out where another process holds
+    # memory (the traceback ends in cache_engine.py _allocate_kv_cache). No NVML here: a step down.
+    g = run({"version": "0.6.6.post1", "model": LLAMA8B, "gpu": {"other_used_gib": 3}},
+            vllm_args=["--max-model-len", "8192", "--enforce-eager"])
+    s = g.wait_healthy(launches=2)
+    first, second = s["launches"]
+    assert first["kind"] == "oom_profile"
+    assert "_allocate_kv_cache" in g.output()
+    assert argv_flag(second["argv"], "--gpu-memory-utilization") == "0.85"
+    assert argv_flag(second["argv"], "--max-model-len") == "8192"
+    assert g.terminate() == 0
+
+
 def test_cudagraph_oom_heals_with_enforce_eager(run):
     g = run({"version": "0.10.2", "model": LLAMA8B, "cudagraph_gib": 3.0},
             vllm_args=["--max-model-len", "8192"])

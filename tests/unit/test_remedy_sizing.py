@@ -12,6 +12,7 @@ import pytest
 
 from supervisor import plan as P
 from supervisor import remedy as R
+from supervisor.diagnosis import Classifier
 from supervisor.flags import Flags
 from supervisor.model import Diagnosis, Kind
 from supervisor.modelinfo import load_model_info
@@ -166,3 +167,43 @@ def test_utilization_under_free_and_the_v0_gain():
     act = P.activation_bytes(info, tokens=32768, seqs=256) - P.activation_bytes(info, tokens=512, seqs=256)
     assert gain == act // P.kv_bytes_per_token(info) and 15_000 < gain < 25_000
     assert P.v0_chunked_gain_tokens(info, from_tokens=512, to_tokens=512) == 0
+
+
+# -- the KV cache's allocation runs out: a share under what other processes leave ------------
+def _kv_alloc_failure(name: str, version: str, flags: Flags, held: float) -> Diagnosis:
+    """The failure as the guard reads it: the fake vLLM's output for the emulator's verdict, classified."""
+    model = matrix.Model(name, name, str(MODELS / name))
+    gpu = emu.GpuSpec(total_gib=L4_TOTAL, other_used_gib=held, cc=(8, 9))
+    r = render.render(matrix.model_spec(model, version), gpu, version, flags)
+    assert (r.outcome.kind, r.outcome.phase) == ("oom_profile", "kv_cache")
+    classifier = Classifier()
+    for line in r.lines:
+        classifier.feed(line)
+    d = classifier.diagnose(r.exit_code)
+    assert (d.kind, d.phase) == (Kind.OOM_PROFILE, "kv_cache")       # placed by the _allocate_kv_cache frame
+    assert d.numbers["tried_to_allocate_mib"] == r.outcome.numbers["tried_to_allocate_mib"]
+    return d
+
+
+def test_kv_cache_allocation_oom_lowers_the_share_under_free_memory():
+    version, name = "0.6.6.post1", "Llama-3.1-8B-Instruct"
+    flags = Flags.parse("--max-model-len 8192 --enforce-eager")
+    d = _kv_alloc_failure(name, version, flags, held=3.0)
+    out = R.decide(d, flags, ctx(version, None, free=L4_TOTAL - 3.0, requested=flags))
+    assert out.step == "oom_kv_alloc"
+    # NVML's 19.06 free, less vLLM's CUDA context and the margin: (19.06 - 0.4) / 22.06 - 0.005 -> 0.84
+    assert out.flags.get("--gpu-memory-utilization") == "0.84"
+    assert serves(name, version, out.flags, other_gib=3.0).ok
+    blind = R.decide(d, flags, ctx(version, None, free=None, total=None, requested=flags))
+    assert blind.flags.get("--gpu-memory-utilization") == "0.85"      # nothing known: 0.05 down
+    again = R.decide(d, out.flags, ctx(version, None, free=L4_TOTAL - 3.0, requested=flags, tried=("oom_kv_alloc",)))
+    assert again.step.startswith("oom_profile:")                       # then the profile ladder
+
+
+def test_kv_cache_allocation_oom_with_cuda_graphs_leaves_room_for_them():
+    version, name = "0.6.6.post1", "Llama-3.1-8B-Instruct"
+    flags = Flags.parse("--max-model-len 8192")
+    d = _kv_alloc_failure(name, version, flags, held=3.0)
+    out = R.decide(d, flags, ctx(version, sizing(name, version), free=L4_TOTAL - 3.0, requested=flags))
+    assert out.flags.get_float("--gpu-memory-utilization") < 0.84     # graphs are captured outside it
+    assert serves(name, version, out.flags, other_gib=3.0).ok

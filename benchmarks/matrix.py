@@ -126,7 +126,7 @@ def model_spec(model: Model, version: str) -> "emu.ModelSpec":
         name=model.name, weights_gib=(info.weights_bytes or 0) / GiB,
         kv_bytes_per_token=kv_bytes_per_token(info), num_kv_heads=info.num_kv_heads,
         derived_max_model_len=derive_max_model_len(info, version), vocab=info.vocab_size,
-        hidden=info.hidden_size, intermediate=info.intermediate_size, mla=info.mla)
+        hidden=info.hidden_size, intermediate=info.intermediate_size, mla=info.mla, num_layers=info.num_layers)
 
 
 def cases() -> list[Case]:

@@ -277,8 +277,12 @@ class Guard:
                 now = c.new if c.new not in (None, "") else "(on)"
                 parts.append(f"{c.flag} {was} -> {now}")
                 self.notes[c.flag] = FlagNote(c.new, self.requested.get(c.flag), c.why, "heal")
-            log.warning(f"relaunch {n}: {', '.join(parts)} because {decision.why}",
-                        launch=n, kind=d.kind.value, changed=[c.flag for c in decision.changes])
+            if len(parts) == 1:
+                text = f"{parts[0]} because {decision.why}"
+            else:       # each change with its own reason
+                text = "; ".join(f"{p} ({c.why})" for p, c in zip(parts, decision.changes))
+            log.warning(f"relaunch {n}: {text}", launch=n, kind=d.kind.value,
+                        changed=[c.flag for c in decision.changes])
         else:
             log.warning(f"relaunch {n} with the same flags: {decision.why}", launch=n,
                         kind=d.kind.value)

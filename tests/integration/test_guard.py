@@ -96,6 +96,7 @@ def test_busy_gpu_with_the_models_config_heals_share_and_length_in_one_relaunch(
     fit = true_fit("0.32.0", {"--gpu-memory-utilization": str(util)}, {"other_used_gib": 3})
     assert 0.9 * fit <= length <= fit                    # what fits at that share, less the plan's margin
     assert s["changed_flags"]["--max-model-len"]["source"] == "heal"
+    assert f"--max-model-len (unset) -> {length} (131072 tokens do not fit" in g.output()   # each change's reason
     assert g.chat(model).status_code == 200
     assert g.terminate() == 0
 

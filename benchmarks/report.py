@@ -257,11 +257,12 @@ def plot(results: list[Result], figs: dict[str, Figures], path: str) -> None:
     ax = axes[1][0]
     times = [[time_to_healthy(r.case, r.runs[n]) for r in hard_cases if r.runs[n].healed] for n in names]
     ax.bar(xs, [med(t) if t else 0 for t in times], color=colors)
-    ax.scatter(xs, [max(t) if t else 0 for t in times], color="#b2182b", marker="_", s=400, zorder=3,
+    healed = [(x, max(t)) for x, t in zip(xs, times) if t]      # none healed: no worst to mark
+    ax.scatter([x for x, _ in healed], [w for _, w in healed], color="#b2182b", marker="_", s=400, zorder=3,
                label="worst")
     for x, t in zip(xs, times):
         ax.annotate(f"n={len(t)}", (x, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7,
-                    color="white")
+                    color="white" if t else "black")
     ax.legend(loc="upper left", fontsize=8)
     labels(ax, "Time to healthy on those cases, estimated (median, worst; n = healed)", "s")
 

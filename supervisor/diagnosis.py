@@ -485,6 +485,14 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
     if kind is Kind.NO_KV_CACHE_MEMORY:
         return "Nothing was left for the KV cache after the weights and activations."
     if kind is Kind.INSUFFICIENT_FREE_MEMORY:
+        if "cpu_kv_gib" in n:
+            return (f"Only {n.get('free_gib')} of {n.get('total_gib')} GiB of CPU memory was available for the "
+                    f"{n.get('requested_gib')} GiB KV cache asked for; other processes hold the rest, or the KV "
+                    "space (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes) is larger than this machine can give.")
+        if "cpu_kv_auto_gib" in n or n.get("cpu_node"):
+            return (f"Only {n.get('free_gib')} of {n.get('total_gib')} GiB of CPU memory was available, less than "
+                    f"the share (--gpu-memory-utilization) asked for ({n.get('requested_gib')} GiB); other "
+                    "processes hold the rest.")
         if "total_gib" in n:
             return (f"Only {n.get('free_gib')} of {n['total_gib']} GiB was free at start-up, less than the "
                     f"{n.get('requested_utilization')} utilisation asked for; something else holds GPU memory.")

@@ -266,7 +266,8 @@ class Guard:
         return Context(requested=self.requested, rules=self.cfg.remedies, gpu_free_gib=env.free_gib,
                        gpu_total_gib=env.total_gib, vllm_version=self.vllm_version,
                        block_size=self.block_size, derived_max_model_len=env.derived_max_model_len,
-                       fp8_supported=env.fp8_supported, sizing=env.sizing, **loop_state)
+                       fp8_supported=env.fp8_supported, sizing=env.sizing,
+                       cpu_kv_space_gib=startup.cpu_kv_space_gib(self), **loop_state)
 
     def _announce(self, decision: Relaunch, d: Diagnosis) -> None:
         n = len(self.launches) + 1

@@ -37,11 +37,11 @@ _RX_KV_V0 = re.compile(r"max seq len \((\d+)\) is larger than the maximum number
 _RX_KV_V1 = re.compile(r"max seq len \((\d+)\), \(" + _F + r" Gi?B KV cache is needed, which is "
                        r"larger than the available KV cache memory \(" + _F + r" Gi?B\)")
 _RX_KV_EST = re.compile(r"estimated maximum model length is (\d+)")
-_RX_FREE = re.compile(r"Free memory on device(?: \S+)? \(" + _F + "/" + _F + r" GiB\) on startup is "
-                      r"less than (?:desired GPU memory utilization|the engine's budget[^(]*?)\s*\("
-                      + _F + ", " + _F + r" GiB\)")
+_RX_FREE = re.compile(r"(?:Free memory on device(?: \S+)?|Available memory on node \d+) \(" + _F + "/" + _F
+                      + r" GiB\) on startup is less than (?:desired [GC]PU memory utilization|the engine's "
+                      r"budget[^(]*?)\s*\(" + _F + ", " + _F + r" GiB\)")
 _RX_NODE = re.compile(r"Available memory on node \d+ \(" + _F + "/" + _F + r" GiB\) on kv cache allocation is "
-                      r"less than requested memory for kv \(" + _F + r" GiB\)")
+                      r"less than requested memory for kv \(" + _F + r"(/" + _F + r")? GiB\)")
 _RX_EXT = re.compile(r"exceed the desired GPU memory utilization \(" + _F + ", " + _F + r" GiB\)")
 _RX_PROF = re.compile(r"Initial free memory " + _F + r" ?GiB, current free memory " + _F + " ?GiB")
 _UNIT = r" ?(GiB|MiB|KiB|bytes|B|GB|MB)"
@@ -161,10 +161,17 @@ def _free_numbers(text: str) -> dict[str, Any]:
     if m:
         out["free_gib"], out["total_gib"] = float(m.group(1)), float(m.group(2))
         out["requested_utilization"], out["requested_gib"] = float(m.group(3)), float(m.group(4))
+        if "Available memory on node" in text:
+            out["cpu_node"] = True      # the CPU backend's share of the node's memory
         return out
     m = _RX_NODE.search(text)   # the CPU backend: KV space asked for vs. the NUMA node's free memory
     if m:
         out["free_gib"], out["total_gib"], out["requested_gib"] = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        # "(64.0 GiB)": a size given (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes); "(X/Y GiB)": the
+        # utilization share less the worker's memory
+        out["cpu_kv_gib" if m.group(4) is None else "cpu_kv_auto_gib"] = float(m.group(3))
+        if m.group(5):
+            out["cpu_share_gib"] = float(m.group(5))
         return out
     m = _RX_EXT.search(text)
     if m:

@@ -8,6 +8,7 @@ margins) are data: :class:`supervisor.config.RemedyConfig`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,7 @@ class Context:
     port_failures: int = 0
     fp8_supported: bool | None = None
     sizing: Sizing | None = None                        # the model's facts for the plan, when known
+    cpu_kv_space_gib: float | None = None               # VLLM_CPU_KVCACHE_SPACE (wins over --kv-cache-memory-bytes)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -341,7 +343,40 @@ def _graphs_outside_budget(current: Flags, ctx: Context) -> bool:
     return v is not None and v < (0, 20) and not current.enabled(EAGER)
 
 
+KV_BYTES = "--kv-cache-memory-bytes"
+
+
+def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    """The CPU backend was given a KV cache size larger than its NUMA node has available. vLLM
+    applies VLLM_CPU_KVCACHE_SPACE over ``--kv-cache-memory-bytes``, so only a size given by the
+    flag alone can be lowered; an environment variable is for a person to change."""
+    free, total, asked = float(_num(d, "free_gib") or 0), _num(d, "total_gib"), _num(d, "cpu_kv_gib")
+    fits = max(0.0, free * 0.9)               # other processes' memory moves; keep a tenth back
+    advice = (f"set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most {math.floor(fits)} GiB, "
+              "or free memory on this machine")
+    if ctx.cpu_kv_space_gib is not None or not current.has(KV_BYTES):
+        return GiveUp(f"the KV cache was set to {asked} GiB, but only {free} of {total} GiB of CPU memory is "
+                      "available (VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your "
+                      "environment)", EX_CONFIG, advice)
+    if fits < 0.25 or not _allowed(ctx, "max_model_len"):
+        return GiveUp(f"only {free} of {total} GiB of CPU memory is available for the KV cache", EX_TEMPFAIL, advice)
+    new_bytes = int(fits * GiB) // (1 << 20) * (1 << 20)
+    flags = current.set(KV_BYTES, str(new_bytes))
+    changes = [Change(KV_BYTES, current.get(KV_BYTES), str(new_bytes),
+                      f"only {free} of {total} GiB of CPU memory is available; {new_bytes / GiB:.2f} GiB stays under it")]
+    length = current.get_int(MML) or _num(d, "max_model_len") or ctx.derived_max_model_len
+    # the model's KV bytes per token say whether the length still fits (without them, vLLM will say)
+    planned = _plan(ctx, flags, total_gib=float(total or 0), free_gib=None) if total else None
+    new_len = planned.flags.get(MML) if planned is not None else None
+    if new_len is not None and new_len.isdigit() and length and int(new_len) < length:
+        flags = flags.set(MML, new_len)
+        changes.append(Change(MML, current.get(MML), new_len, f"about {new_len} tokens fit in the smaller KV cache"))
+    return Relaunch(flags, tuple(changes), changes[0].why, step="cpu_kv_space")
+
+
 def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    if _num(d, "cpu_kv_gib") is not None:
+        return _cpu_kv_space(d, current, ctx)
     printed = bool(_num(d, "free_gib") and _num(d, "total_gib"))
     free, total = _num(d, "free_gib") or ctx.gpu_free_gib, _num(d, "total_gib") or ctx.gpu_total_gib
     if not free or not total or not _allowed(ctx, "gpu_memory_utilization"):
@@ -353,7 +388,12 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
     planned = _plan(ctx, current.set(UTIL, f"{current_util:g}"), total_gib=total, free_gib=free,
                     context_bytes=context)
-    if planned is not None and UTIL in planned.flags:
+    share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
+    if share and kv_auto:
+        # the CPU backend's share holds the worker's memory and then the KV cache: shrink the share
+        # by what the KV cache lacked
+        util = math.floor(((float(share) - (float(kv_auto) - free)) / total - ctx.rules.utilization_margin) * 100) / 100
+    elif planned is not None and UTIL in planned.flags:
         util = float(planned.flags[UTIL])
     else:
         reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
@@ -369,6 +409,9 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                       EX_TEMPFAIL, "free the GPU (see the processes holding it)")
     why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
            f"{_fmt_util(util)} stays under it")
+    if share and kv_auto:
+        why = (f"the CPU memory share left the KV cache {float(kv_auto) - free:.2f} GiB short of the {free} GiB "
+               f"available; {_fmt_util(util)} shrinks the share by that")
     out = _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
     if planned is None:
         return out

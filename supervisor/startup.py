@@ -221,7 +221,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     if cfg.plan.learn and use_store:
         tp = g.requested.get_int("--tensor-parallel-size") or 1
         gpus = [(d.name, d.total_bytes) for d in env.devices] or [
-            ("cpu", int((_cpu_kv_space_gib(g) or 0) * GiB))]
+            ("cpu", int((cpu_kv_space_gib(g) or 0) * GiB))]
         env.learned_key = state.learned_key(model=cfg.model, revision=None, gpus=gpus, tp=tp,
                                             vllm_version=g.vllm_version,
                                             user_args=g.requested.argv())
@@ -285,13 +285,13 @@ def _sizing(g: "Guard", info: Any) -> Any:
     ranks = (g.requested.get_int("--tensor-parallel-size") or 1) * (g.requested.get_int("--pipeline-parallel-size") or 1)
     return Sizing(info, gpus=len(env.devices) or ranks, vllm_version=g.vllm_version, margin=cfg.plan.margin,
                   min_model_len=cfg.remedies.min_model_len, platform=env.platform,
-                  cpu_kv_space_gib=_cpu_kv_space_gib(g),
+                  cpu_kv_space_gib=cpu_kv_space_gib(g),
                   compute_capability=env.devices[0].compute_capability if env.devices else None,
                   device_name=env.devices[0].name if env.devices else "",
                   utilization_margin=cfg.remedies.utilization_margin)
 
 
-def _cpu_kv_space_gib(g: "Guard") -> float | None:
+def cpu_kv_space_gib(g: "Guard") -> float | None:
     """VLLM_CPU_KVCACHE_SPACE in GiB; None when unset or not a number (vLLM will say so itself)."""
     try:
         value = float(g.environ.get("VLLM_CPU_KVCACHE_SPACE") or "")

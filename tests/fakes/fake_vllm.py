@@ -891,7 +891,13 @@ class Engine:
     # -- the CPU backend (real 0.32 CPU captures) ----------------------------------------------
     def start_cpu(self) -> dict | None:
         sc, v, log, f = self.sc, self.v, self.log, self.flags
-        space = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4)
+        # vLLM's CPU platform applies VLLM_CPU_KVCACHE_SPACE over --kv-cache-memory-bytes
+        try:
+            flag_bytes = emu.parse_human_int(f.get("--kv-cache-memory-bytes") or "", sc.version)
+        except ValueError:
+            flag_bytes = None
+        space = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or (flag_bytes / emu.GIB if flag_bytes else 4))
+        space = round(space, 2)
         sim_flags = dict(f, **{"--kv-cache-memory-bytes": str(int(space * emu.GIB))})
         out = emu.simulate(sc.model(self.spec["model"]), emu.GpuSpec(total_gib=1024.0), sc.version, sim_flags,
                            block_size=sc.block_size, activation_gib=0.0, cudagraph_gib=0.0, context_gib=0.0,

@@ -115,6 +115,33 @@ def test_v0_kv_cache_allocation_oom_on_a_busy_gpu_lowers_the_share(run):
     assert g.terminate() == 0
 
 
+TINY_CPU = {"device": "cpu", "version": "0.32.0",
+            "model": {"weights_gib": 0.05, "kv_bytes_per_token": 16384, "num_kv_heads": 8,
+                      "derived_max_model_len": 131072, "vocab": 4096, "hidden": 512, "intermediate": 1024}}
+
+
+def test_cpu_kv_space_from_the_environment_is_for_a_person_to_change(run):
+    # vLLM applies VLLM_CPU_KVCACHE_SPACE over any flag: no relaunch can shrink it, so exit 78 with the size that fits
+    g = run(TINY_CPU, env={"VLLM_CPU_KVCACHE_SPACE": "64"})
+    assert g.wait_exit() == 78
+    out = g.output()
+    assert "only 7.96 of 9.59 GiB of CPU memory is available" in out
+    assert "set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB" in out
+    assert "launch 2:" not in out and "relaunch" not in out
+
+
+def test_cpu_kv_cache_memory_bytes_too_large_is_lowered_under_free_memory(run):
+    g = run(TINY_CPU, vllm_args=["--kv-cache-memory-bytes", "64G"], env={"VLLM_CPU_KVCACHE_SPACE": ""})
+    s = g.wait_healthy(launches=2)
+    first, second = s["launches"]
+    assert first["kind"] == "insufficient_free_memory"
+    new = int(argv_flag(second["argv"], "--kv-cache-memory-bytes"))
+    assert 0.85 * 7.96 * 2**30 <= new <= 7.96 * 2**30                     # under what the node has free
+    assert argv_flag(second["argv"], "--max-model-len") is None           # 131072 x 16 KiB still fits
+    assert g.chat().status_code == 200
+    assert g.terminate() == 0
+
+
 def test_cudagraph_oom_heals_with_enforce_eager(run):
     g = run({"version": "0.10.2", "model": LLAMA8B, "cudagraph_gib": 3.0},
             vllm_args=["--max-model-len", "8192"])

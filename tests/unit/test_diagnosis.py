@@ -395,3 +395,34 @@ def test_a_broken_installation_is_a_config_error(line: str) -> None:
     d = classify(["Traceback (most recent call last):", '  File "<frozen runpy>", line 1, in x', line],
                  exit_code=1)
     assert d.kind is Kind.CONFIG_ERROR
+
+
+def test_cpu_kv_space_messages_tell_a_given_size_from_the_automatic_share():
+    given = classify([
+        "(Worker pid=17669) ERROR 11-29 16:39:35 [multiproc_executor.py:1063] ValueError: Available memory on "
+        "node 0 (7.96/9.59 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). "
+        "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."])
+    assert given.kind is Kind.INSUFFICIENT_FREE_MEMORY
+    assert given.numbers["cpu_kv_gib"] == 64.0 and "cpu_kv_auto_gib" not in given.numbers
+    assert "CPU memory" in given.detail and "VLLM_CPU_KVCACHE_SPACE" in given.detail
+    auto = classify([
+        "(Worker pid=17669) ERROR 11-29 16:39:35 [multiproc_executor.py:1063] ValueError: Available memory on "
+        "node 0 (3.10/9.59 GiB) on kv cache allocation is less than requested memory for kv (4.52/8.63 GiB). "
+        "Reduce CPU memory used by other processes."])
+    assert auto.kind is Kind.INSUFFICIENT_FREE_MEMORY
+    assert auto.numbers["cpu_kv_auto_gib"] == 4.52 and auto.numbers["free_gib"] == 3.10
+    assert auto.numbers["cpu_share_gib"] == 8.63
+    assert "cpu_kv_gib" not in auto.numbers
+
+
+def test_cpu_share_above_the_nodes_free_memory_is_insufficient_free_memory():
+    d = classify([
+        "(Worker pid=1) ERROR 11-29 16:39:35 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
+        "(3.10/9.59 GiB) on startup is less than desired CPU memory utilization (0.9, 8.63 GiB). On the CPU backend, "
+        "the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its name). To "
+        "resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or reduce CPU memory "
+        "used by other processes."])
+    assert d.kind is Kind.INSUFFICIENT_FREE_MEMORY
+    assert d.numbers == {"free_gib": 3.10, "total_gib": 9.59, "requested_utilization": 0.9, "requested_gib": 8.63,
+                         "cpu_node": True}
+    assert "CPU memory" in d.detail

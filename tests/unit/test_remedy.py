@@ -288,3 +288,32 @@ def test_unrecognized_removed_flag_is_dropped_with_the_reason():
     # once only
     again = R.decide(d, flags, ctx(tried=("drop_removed_flags",)))
     assert isinstance(again, R.GiveUp) and again.exit_code == R.EX_CONFIG
+
+
+def test_cpu_kv_space_from_the_environment_gives_up_with_the_size_that_fits():
+    d = D(Kind.INSUFFICIENT_FREE_MEMORY, free_gib=7.96, total_gib=9.59, requested_gib=64.0, cpu_kv_gib=64.0)
+    out = R.decide(d, Flags.parse(""), ctx(cpu_kv_space_gib=64.0))
+    assert isinstance(out, R.GiveUp) and out.exit_code == R.EX_CONFIG
+    assert "at most 7 GiB" in out.advice
+    # the flag alone does not help while the environment variable is set: vLLM applies it over the flag
+    flagged = R.decide(d, Flags.parse("--kv-cache-memory-bytes 64G"), ctx(cpu_kv_space_gib=64.0))
+    assert isinstance(flagged, R.GiveUp) and flagged.exit_code == R.EX_CONFIG
+
+
+def test_cpu_kv_cache_memory_bytes_alone_is_lowered_under_free_memory():
+    d = D(Kind.INSUFFICIENT_FREE_MEMORY, free_gib=7.96, total_gib=9.59, requested_gib=64.0, cpu_kv_gib=64.0)
+    out = R.decide(d, Flags.parse("--kv-cache-memory-bytes 64G --max-model-len 65408"), ctx())
+    assert out.step == "cpu_kv_space"
+    new = int(out.flags.get("--kv-cache-memory-bytes"))
+    assert new == int(7.96 * 0.9 * 2**30) // 2**20 * 2**20
+    assert out.flags.get("--max-model-len") == "65408"        # without the model's facts vLLM says if it still fits
+    assert not out.flags.has("--gpu-memory-utilization")      # the share does not size an explicit KV cache
+
+
+def test_cpu_share_whose_kv_part_lacks_memory_shrinks_by_what_it_lacked():
+    # the 0.9 share (8.63 GiB) holds the worker (4.11 GiB) and then 4.52 GiB of KV; 3.10 GiB is available
+    d = D(Kind.INSUFFICIENT_FREE_MEMORY, free_gib=3.10, total_gib=9.59, requested_gib=4.52, cpu_kv_auto_gib=4.52,
+          cpu_share_gib=8.63)
+    out = R.decide(d, Flags.parse("--gpu-memory-utilization 0.9"), ctx())
+    # (8.63 - (4.52 - 3.10)) / 9.59 - 0.005 = 0.746 -> 0.74
+    assert out.flags.get("--gpu-memory-utilization") == "0.74"

@@ -64,6 +64,7 @@ _SPLIT = re.compile(
 )
 _EOL = re.compile(r"[\r\n]+")
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+, in ([\w<>.]+)')
+_ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["'](\w+)["']""")
 _EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
 _RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
 
@@ -82,6 +83,7 @@ class Classifier:
         self._announced = False
         self._terminated = False
         self._frame_phase: str | None = None
+        self._env_read: str | None = None     # the variable the current traceback's source line reads
         self._last_exc = ""          # last unrecognised exception line (evidence for wrappers)
         self._exc_after_wrapper = ""
         self._pending: tuple[str, int, int | None, bool] | None = None   # a wrapped record being re-joined
@@ -237,8 +239,12 @@ class Classifier:
                     self._check(rest, level, rank)
             return
         elif stripped.startswith("Traceback (most recent call last)"):
-            self._frame_phase = None
+            self._frame_phase = self._env_read = None
             return
+        if "os.getenv(" in text or "os.environ" in text:
+            m = _ENV_READ.search(text)
+            if m:
+                self._env_read = m.group(1)
         if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text or "engine (v" in text
                                 or "max_seq_len=" in text or (self._phase <= 1 and "version" in text)):
             self._milestone(text)
@@ -292,6 +298,8 @@ class Classifier:
         if self._terminated and prio < 30:
             return   # the wrappers our own SIGTERM provokes are not failures
         numbers = extract(text) if extract else {}
+        if kind is Kind.CONFIG_ERROR and self._env_read and ("invalid literal" in text or "could not convert" in text):
+            numbers = {**numbers, "env_var": self._env_read}   # vLLM parsing one of its environment variables
         phase = self.phase
         if kind == _OOM:
             kind, phase = self._where_oom(text)
@@ -507,6 +515,9 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
         return (f"max_model_len {n.get('max_model_len', '?')} is above the model's own limit of "
                 f"{n.get('derived_max_model_len', '?')}.")
     if kind is Kind.CONFIG_ERROR:
+        if n.get("env_var"):
+            return (f"vLLM could not read the environment variable {n['env_var']}: set it to a valid value "
+                    "or unset it; changing flags will not help.")
         return "vLLM rejected its configuration; changing memory flags will not help."
     if kind is Kind.ENGINE_DEAD:
         return f"The vLLM engine died ({phase}); a restart may help."

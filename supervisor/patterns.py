@@ -255,7 +255,9 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "is smaller than max_model_len", "No CUDA GPUs are available", "Found no NVIDIA driver",
       "CUDA driver version is insufficient", "Failed to infer device type",
       "requires you to execute the configuration file", "contains custom code which must be executed",
-      "We couldn't connect to 'https://huggingface.co'", "Input should be less than or equal to"),
+      "We couldn't connect to 'https://huggingface.co'", "Input should be less than or equal to",
+      # a value vLLM parses at start-up (often one of its VLLM_* environment variables) is not a number
+      "invalid literal for int() with base 10", "could not convert string to float"),
      Kind.CONFIG_ERROR, 30, _config_numbers),
     (("BackendCompilerFailed", "InductorError", "torch._dynamo.exc", "torch._inductor.exc",
       "stream is capturing", "cudaErrorStreamCaptureUnsupported", "CUDA graph capture failed"),

@@ -426,3 +426,20 @@ def test_cpu_share_above_the_nodes_free_memory_is_insufficient_free_memory():
     assert d.numbers == {"free_gib": 3.10, "total_gib": 9.59, "requested_utilization": 0.9, "requested_gib": 8.63,
                          "cpu_node": True}
     assert "CPU memory" in d.detail
+
+
+def test_a_vllm_environment_variable_that_is_not_a_number_is_a_config_error_naming_it():
+    d = classify([
+        "(EngineCore pid=7) ERROR 11-29 19:01:04 [core.py:1510] EngineCore failed to start.",
+        "(EngineCore pid=7) ERROR 11-29 19:01:04 [core.py:1510] Traceback (most recent call last):",
+        '(EngineCore pid=7) ERROR 11-29 19:01:04 [core.py:1510]   File "/opt/vllm/lib/python3.11/site-packages/vllm/'
+        'envs.py", line 901, in <lambda>',
+        '(EngineCore pid=7) ERROR 11-29 19:01:04 [core.py:1510]     float(os.environ.get("VLLM_ENGINE_ITERATION_TIMEOUT_S", '
+        '"60"))',
+        "(EngineCore pid=7) ERROR 11-29 19:01:04 [core.py:1510] ValueError: could not convert string to float: 'soon'"])
+    assert d.kind is Kind.CONFIG_ERROR and d.numbers["env_var"] == "VLLM_ENGINE_ITERATION_TIMEOUT_S"
+    assert "VLLM_ENGINE_ITERATION_TIMEOUT_S" in d.detail
+    # the same error without a variable read in its traceback is still a configuration error, unnamed
+    plain = classify(["Traceback (most recent call last):", '  File "x.py", line 1, in f', "    int(value)",
+                      "ValueError: invalid literal for int() with base 10: 'x'"])
+    assert plain.kind is Kind.CONFIG_ERROR and "env_var" not in plain.numbers

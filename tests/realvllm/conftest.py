@@ -69,14 +69,14 @@ def tracker(one_real_vllm_at_a_time: None) -> Iterator[Tracker]:
 @pytest.fixture(scope="session")
 def start_guard(real: Real, tracker: Tracker, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[Callable[..., GuardProc]]:
-    """``start_guard(state_dir, vllm_args, extra=[])`` -> a running GuardProc; all are closed at the end."""
+    """``start_guard(state_dir, vllm_args, extra=[], env={})`` -> a running GuardProc; all are closed at the end."""
     guards: list[GuardProc] = []
     logs = tmp_path_factory.mktemp("guard-logs")
 
     def start(state_dir: Path, vllm_args: list[str], extra: list[str] | None = None,
-              port: int | None = None) -> GuardProc:
+              port: int | None = None, env: dict[str, str | None] | None = None) -> GuardProc:
         g = GuardProc(real, tracker, state_dir, logs / f"guard-{len(guards) + 1}.log",
-                      port or free_port(), free_port(), list(extra or []), list(vllm_args))
+                      port or free_port(), free_port(), list(extra or []), list(vllm_args), env)
         guards.append(g)
         return g
 

@@ -132,7 +132,8 @@ class GuardProc:
     """One ``vllm-guard start`` as a real subprocess, with its output in a file and /status polled."""
 
     def __init__(self, real: Real, tracker: Tracker, state_dir: Path, log_path: Path,
-                 port: int, status_port: int, extra: list[str], vllm_args: list[str]) -> None:
+                 port: int, status_port: int, extra: list[str], vllm_args: list[str],
+                 extra_env: dict[str, str | None] | None = None) -> None:
         self.real, self.tracker = real, tracker
         self.state_dir, self.log_path = state_dir, log_path
         self.port, self.status_port = port, status_port
@@ -144,6 +145,11 @@ class GuardProc:
         env = dict(os.environ)
         env.update({MARKER: TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "NO_COLOR": "1"})
+        for key, value in (extra_env or {}).items():    # None: unset
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         self._log = open(log_path, "ab")
         self._log.write(f"\n===== {' '.join(self.argv)}\n".encode())
         self._log.flush()

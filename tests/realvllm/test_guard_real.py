@@ -187,3 +187,26 @@ def test_sigkilled_guard_orphans_are_ended_and_learned_flags_serve(
     assert again.wait_exit(90) == 0
     stray = _gone_within(tracker.living_vllm(), 3.0)
     assert not stray, f"vLLM processes of this session still alive: {_describe(stray)}"
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU build's KV cache sized by --kv-cache-memory-bytes above what the node has free.
+# --------------------------------------------------------------------------------------------
+
+def test_kv_cache_memory_bytes_above_free_memory_is_lowered_under_it(start_guard, tmp_path_factory) -> None:
+    # No VLLM_CPU_KVCACHE_SPACE (vLLM applies it over the flag): the flag alone sizes the cache.
+    g = start_guard(tmp_path_factory.mktemp("state-kv-bytes"),
+                    ["--enforce-eager", "--max-model-len", "65408", "--kv-cache-memory-bytes", "64G"],
+                    extra=["--no-plan", "--health-interval", "2"], env={"VLLM_CPU_KVCACHE_SPACE": None})
+    s = g.wait_healthy(2, timeout=2 * LAUNCH_S)
+    first, second = s["launches"]
+    assert first["kind"] == "insufficient_free_memory", first
+    m = re.search(r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on kv cache allocation", first["evidence"])
+    assert m, first["evidence"]
+    free = float(m.group(1))
+    new = int(_flag(second["argv"], "--kv-cache-memory-bytes") or 0)
+    assert 0.8 * free * 2**30 <= new <= free * 2**30, (new, free)
+    assert _flag(second["argv"], "--max-model-len") == "65408"       # 1 GiB of it still fits
+    _assert_chat(g)
+    g.signal(signal.SIGTERM)
+    assert g.wait_exit(60) == 0

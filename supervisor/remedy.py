@@ -358,7 +358,7 @@ def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         return GiveUp(f"the KV cache was set to {asked} GiB, but only {free} of {total} GiB of CPU memory is "
                       "available (VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your "
                       "environment)", EX_CONFIG, advice)
-    if fits < 0.25 or not _allowed(ctx, "max_model_len"):
+    if fits < 0.25 or not _allowed(ctx, "gpu_memory_utilization"):    # the memory-share remedy
         return GiveUp(f"only {free} of {total} GiB of CPU memory is available for the KV cache", EX_TEMPFAIL, advice)
     new_bytes = int(fits * GiB) // (1 << 20) * (1 << 20)
     flags = current.set(KV_BYTES, str(new_bytes))
@@ -389,30 +389,34 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     planned = _plan(ctx, current.set(UTIL, f"{current_util:g}"), total_gib=total, free_gib=free,
                     context_bytes=context)
     share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
+    device = "CPU memory" if (kv_auto or _num(d, "cpu_node")) else "the GPU"
+    from_plan = False
     if share and kv_auto:
         # the CPU backend's share holds the worker's memory and then the KV cache: shrink the share
         # by what the KV cache lacked
         util = math.floor(((float(share) - (float(kv_auto) - free)) / total - ctx.rules.utilization_margin) * 100) / 100
     elif planned is not None and UTIL in planned.flags:
-        util = float(planned.flags[UTIL])
+        util, from_plan = float(planned.flags[UTIL]), True
     else:
         reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
         util = utilization_under_free((free - reserve) * GiB, total * GiB, context_bytes=context,
                                       margin=ctx.rules.utilization_margin)
     if util <= 0.05 or util >= current_util:
-        return GiveUp(f"only {free}/{total} GiB is free on the GPU; other processes hold the rest",
-                      EX_TEMPFAIL, "free the GPU (see the processes holding it)")
+        return GiveUp(f"only {free}/{total} GiB is free on {device}; other processes hold the rest",
+                      EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     weights = _weights_per_rank_gib(current, ctx)
     if weights is not None and weights >= util * total:
-        return GiveUp(f"only {free} of {total} GiB is free on the GPU: at {_fmt_util(util)} vLLM could use "
-                      f"{util * total:.2f} GiB, less than the model's weights ({weights:.2f} GiB per GPU)",
-                      EX_TEMPFAIL, "free the GPU (see the processes holding it)")
+        return GiveUp(f"only {free} of {total} GiB is free on {device}: at {_fmt_util(util)} vLLM could use "
+                      f"{util * total:.2f} GiB, less than the model's weights ({weights:.2f} GiB per rank)",
+                      EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
            f"{_fmt_util(util)} stays under it")
     if share and kv_auto:
         why = (f"the CPU memory share left the KV cache {float(kv_auto) - free:.2f} GiB short of the {free} GiB "
                f"available; {_fmt_util(util)} shrinks the share by that")
     out = _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
+    if not from_plan:       # the plan's length at the share chosen here
+        planned = _plan(ctx, out.flags, total_gib=total, free_gib=free, context_bytes=context)
     if planned is None:
         return out
     # The smaller budget decides the length too: cut it now rather than after the next failure.

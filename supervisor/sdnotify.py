@@ -43,10 +43,12 @@ class Notifier:
         if self._address is None:
             return False
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            # Never block the loop: a datagram socket whose reader lags (its queue holds only
+            # net.unix.max_dgram_qlen messages) makes sendto wait; drop the message instead.
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
                 sock.sendto(message.encode("utf-8"), self._address)
             return True
-        except OSError as exc:
+        except OSError as exc:      # BlockingIOError (queue full) included
             log.debug("sd_notify failed", message=message.split("\n", 1)[0], error=str(exc))
             return False
 

@@ -379,20 +379,32 @@ def test_ready_flips_with_vllm_health(run):
 def test_sd_notify_ready_status_watchdog_stopping_on_a_real_socket(run, tmp_path):
     import socket as sk
 
+    import threading
+
     path = str(tmp_path / "notify.sock")
     sock = sk.socket(sk.AF_UNIX, sk.SOCK_DGRAM)
     sock.bind(path)
     sock.settimeout(0.2)
+    messages: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:      # as systemd does: the socket's queue holds only 10 datagrams
+        while True:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except (TimeoutError, sk.timeout):
+                if done.is_set():
+                    return    # the guard has exited: its datagrams are all queued, and now read
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"],
             env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
     g.wait_healthy(launches=1)
     assert g.terminate() == 0
-    messages = []
-    while True:
-        try:
-            messages.append(sock.recv(4096).decode())
-        except (TimeoutError, sk.timeout):
-            break
+    done.set()
+    reader.join(10)
+    assert not reader.is_alive()
     sock.close()
     text = "\n".join(messages)
     assert "READY=1" in text and "WATCHDOG=1" in text and "STOPPING=1" in text

@@ -56,6 +56,7 @@ class GuardRun:
             "VLLM_GUARD_TOKEN": token,
             "VLLM_GUARD_BACKOFF_INITIAL": "0.1",
             "VLLM_GUARD_BACKOFF_JITTER": "0.1",
+            "HF_HUB_OFFLINE": "1",          # the guard never asks the Hub for a test model's config
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }

@@ -241,7 +241,7 @@ class Classifier:
         elif stripped.startswith("Traceback (most recent call last)"):
             self._frame_phase = self._env_read = None
             return
-        if "os.getenv(" in text or "os.environ" in text:
+        if text.startswith("    ") and ("os.getenv(" in text or "os.environ" in text):   # a traceback source line
             m = _ENV_READ.search(text)
             if m:
                 self._env_read = m.group(1)

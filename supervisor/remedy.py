@@ -363,7 +363,8 @@ def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     new_bytes = int(fits * GiB) // (1 << 20) * (1 << 20)
     flags = current.set(KV_BYTES, str(new_bytes))
     changes = [Change(KV_BYTES, current.get(KV_BYTES), str(new_bytes),
-                      f"only {free} of {total} GiB of CPU memory is available; {new_bytes / GiB:.2f} GiB stays under it")]
+                      f"only {free} of {total} GiB of CPU memory is available; "
+                      f"{new_bytes / GiB:.2f} GiB stays under it")]
     length = current.get_int(MML) or _num(d, "max_model_len") or ctx.derived_max_model_len
     # the model's KV bytes per token say whether the length still fits (without them, vLLM will say)
     planned = _plan(ctx, flags, total_gib=float(total or 0), free_gib=None) if total else None

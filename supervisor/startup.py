@@ -282,7 +282,8 @@ def _sizing(g: "Guard", info: Any) -> Any:
 
     env, cfg = g.env_start, g.cfg
     # no GPU visible to NVML (a container without the library ...): trust the requested parallelism
-    ranks = (g.requested.get_int("--tensor-parallel-size") or 1) * (g.requested.get_int("--pipeline-parallel-size") or 1)
+    ranks = ((g.requested.get_int("--tensor-parallel-size") or 1)
+             * (g.requested.get_int("--pipeline-parallel-size") or 1))
     return Sizing(info, gpus=len(env.devices) or ranks, vllm_version=g.vllm_version, margin=cfg.plan.margin,
                   min_model_len=cfg.remedies.min_model_len, platform=env.platform,
                   cpu_kv_space_gib=cpu_kv_space_gib(g),

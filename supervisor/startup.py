@@ -53,6 +53,8 @@ class Environment:
     fp8_supported: bool | None = None
     derived_max_model_len: int | None = None
     sizing: Any = None                     # plan.Sizing: the model's facts, for the plan and the remedies
+    model_info: Any = None                 # modelinfo.ModelInfo, read once (a re-plan reuses it)
+    model_info_read: bool = False
     flags_source: str = "user"             # user | plan | store
     learned_key: str | None = None
     lock: Any = None
@@ -197,13 +199,15 @@ def gpu_holders_text(g: "Guard") -> str:
 # -- the first launch's flags -----------------------------------------------------------------
 def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     cfg, env = g.cfg, g.env_start
-    info = None
-    try:
-        from supervisor.modelinfo import load_model_info
+    if not env.model_info_read:     # once: it may ask the Hub (a few seconds at most)
+        env.model_info_read = True
+        try:
+            from supervisor.modelinfo import load_model_info
 
-        info = load_model_info(cfg.model)
-    except Exception as e:  # a broken config.json must not stop the guard
-        log.warning(f"could not read the model's config: {e}")
+            env.model_info = load_model_info(cfg.model)
+        except Exception as e:  # a broken config.json must not stop the guard
+            log.warning(f"could not read the model's config: {e}")
+    info = env.model_info
     if info is not None:
         try:
             from supervisor.modelinfo import derive_max_model_len

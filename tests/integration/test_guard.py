@@ -336,8 +336,8 @@ def test_learned_flags_that_fail_are_dropped(run, tmp_path):
     again = run({"version": "0.32.0", "model": LLAMA8B, "gpu": {"total_gib": 22.0}},
                 state_dir=g.state_dir)
     s = again.wait_healthy()
-    assert s["launches"][0]["kind"] == "kv_cache_insufficient"
-    assert "forgetting them" in again.output()
+    assert s["launches"][0]["kind"] == "kv_cache_insufficient", (s["launches"], again.output()[-3000:])
+    assert "forgetting them" in again.output(), (s["launches"], again.output()[-3000:])
     assert again.terminate() == 0
 
 

@@ -123,8 +123,7 @@ def _facts(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr)
         return facts
     try:
-        flags = Flags.parse(getattr(args, "flags", None) or "")
-        gpus = (flags.get_int("--tensor-parallel-size") or 1) * (flags.get_int("--pipeline-parallel-size") or 1)
+        gpus = Flags.parse(getattr(args, "flags", None) or "").world_size()
     except ValueError:       # unparseable --flags: the remedy step reports it
         gpus = 1
     facts["sizing"] = Sizing(info, gpus=gpus)

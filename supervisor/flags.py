@@ -126,6 +126,10 @@ class Flags:
                 return "" if e.value is None else e.value
         return default
 
+    def world_size(self) -> int:
+        """The GPUs one launch uses: --tensor-parallel-size x --pipeline-parallel-size."""
+        return (self.get_int("--tensor-parallel-size") or 1) * (self.get_int("--pipeline-parallel-size") or 1)
+
     def get_int(self, name: str) -> int | None:
         return parse_int(self.get(name))
 

@@ -328,9 +328,8 @@ def _plan(ctx: Context, flags: Flags, *, total_gib: float, free_gib: float | Non
 def _weights_per_rank_gib(current: Flags, ctx: Context) -> float | None:
     if ctx.sizing is None or not ctx.sizing.info.weights_bytes:
         return None
-    ranks = (current.get_int("--tensor-parallel-size") or 1) * (current.get_int("--pipeline-parallel-size") or 1)
     offload = current.get_float(OFFLOAD) or 0.0
-    return ctx.sizing.info.weights_bytes / GiB / max(1, ranks) - offload
+    return ctx.sizing.info.weights_bytes / GiB / max(1, current.world_size()) - offload
 
 
 #: Held for CUDA graphs when vLLM < 0.20 captures them outside its budget and the model is unknown.
@@ -344,6 +343,21 @@ def _graphs_outside_budget(current: Flags, ctx: Context) -> bool:
 
 
 KV_BYTES = "--kv-cache-memory-bytes"
+
+
+def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: float, total_gib: float,
+                      context_bytes: int = CUDA_CONTEXT_BYTES) -> tuple[float, Any]:
+    """The share (``--gpu-memory-utilization``) vLLM can take from ``free_gib`` instead of ``util``,
+    and the plan it came from (None when the plan had no share to give): the plan's, which leaves
+    room for the model's CUDA graphs before 0.20, else free/total less the margin and, before 0.20,
+    a graph reserve for an unknown model."""
+    planned = _plan(ctx, current.set(UTIL, f"{util:g}"), total_gib=total_gib, free_gib=free_gib,
+                    context_bytes=context_bytes)
+    if planned is not None and UTIL in planned.flags:
+        return float(planned.flags[UTIL]), planned
+    reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
+    return utilization_under_free((free_gib - reserve) * GiB, total_gib * GiB, context_bytes=context_bytes,
+                                  margin=ctx.rules.utilization_margin), None
 
 
 def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
@@ -387,21 +401,16 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     # vLLM measures free memory after creating its CUDA context; NVML's figure still includes it.
     context = 0 if printed else CUDA_CONTEXT_BYTES
     current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
-    planned = _plan(ctx, current.set(UTIL, f"{current_util:g}"), total_gib=total, free_gib=free,
-                    context_bytes=context)
     share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
     device = "CPU memory" if (kv_auto or _num(d, "cpu_node")) else "the GPU"
-    from_plan = False
+    planned = None
     if share and kv_auto:
         # the CPU backend's share holds the worker's memory and then the KV cache: shrink the share
         # by what the KV cache lacked
         util = math.floor(((float(share) - (float(kv_auto) - free)) / total - ctx.rules.utilization_margin) * 100) / 100
-    elif planned is not None and UTIL in planned.flags:
-        util, from_plan = float(planned.flags[UTIL]), True
     else:
-        reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
-        util = utilization_under_free((free - reserve) * GiB, total * GiB, context_bytes=context,
-                                      margin=ctx.rules.utilization_margin)
+        util, planned = _share_under_free(current, ctx, current_util, free_gib=free, total_gib=total,
+                                          context_bytes=context)
     if util <= 0.05 or util >= current_util:
         return GiveUp(f"only {free}/{total} GiB is free on {device}; other processes hold the rest",
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
@@ -416,7 +425,7 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         why = (f"the CPU memory share left the KV cache {float(kv_auto) - free:.2f} GiB short of the {free} GiB "
                f"available; {_fmt_util(util)} shrinks the share by that")
     out = _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
-    if not from_plan:       # the plan's length at the share chosen here
+    if planned is None:     # the plan's length at the share chosen here
         planned = _plan(ctx, out.flags, total_gib=total, free_gib=free, context_bytes=context)
     if planned is None:
         return out
@@ -501,13 +510,7 @@ def _oom_kv_alloc(d: Diagnosis, current: Flags, ctx: Context) -> Relaunch | None
     now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
     target = None
     if ctx.gpu_free_gib and ctx.gpu_total_gib:
-        planned = _plan(ctx, current.set(UTIL, f"{now:g}"), total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
-        if planned is not None and UTIL in planned.flags:
-            target = float(planned.flags[UTIL])
-        else:
-            reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
-            target = utilization_under_free((ctx.gpu_free_gib - reserve) * GiB, ctx.gpu_total_gib * GiB,
-                                            margin=ctx.rules.utilization_margin)
+        target, _ = _share_under_free(current, ctx, now, free_gib=ctx.gpu_free_gib, total_gib=ctx.gpu_total_gib)
     if target is None or target >= now:
         target = round(now - 0.05, 2)       # nothing known about the other processes: a step down
     if target < 0.05:

@@ -152,18 +152,17 @@ def _gpu_facts(g: "Guard") -> None:
         if env.platform == "cpu":
             g.block_size = 128        # vLLM's CPU backend; it never prints its block size
         return
-    tp = g.requested.get_int("--tensor-parallel-size") or 1
-    pp = g.requested.get_int("--pipeline-parallel-size") or 1
+    ranks = g.requested.world_size()
     from supervisor.plan import check_gpu_count, sizing_device
 
     multi_node = g.requested.get("--distributed-executor-backend") == "ray" or \
         (g.requested.get_int("--nnodes") or 1) > 1
-    problem = None if multi_node else check_gpu_count(tp * pp, devices)
+    problem = None if multi_node else check_gpu_count(ranks, devices)
     if problem:
         raise Refused(problem, EX_CONFIG)
-    used = devices[: tp * pp]
+    used = devices[:ranks]
     env.devices = used
-    dev = sizing_device(devices, tp * pp) or used[0]
+    dev = sizing_device(devices, ranks) or used[0]
     env.free_gib, env.total_gib = dev.free_bytes / GiB, dev.total_bytes / GiB
     env.gpu_key = ",".join(d.uuid or f"gpu{d.index}" for d in used)
     g.gpu_snapshot = [_device_dict(d) for d in used]
@@ -286,9 +285,7 @@ def _sizing(g: "Guard", info: Any) -> Any:
 
     env, cfg = g.env_start, g.cfg
     # no GPU visible to NVML (a container without the library ...): trust the requested parallelism
-    ranks = ((g.requested.get_int("--tensor-parallel-size") or 1)
-             * (g.requested.get_int("--pipeline-parallel-size") or 1))
-    return Sizing(info, gpus=len(env.devices) or ranks, vllm_version=g.vllm_version, margin=cfg.plan.margin,
+    return Sizing(info, gpus=len(env.devices) or g.requested.world_size(), vllm_version=g.vllm_version, margin=cfg.plan.margin,
                   min_model_len=cfg.remedies.min_model_len, platform=env.platform,
                   cpu_kv_space_gib=cpu_kv_space_gib(g),
                   compute_capability=env.devices[0].compute_capability if env.devices else None,

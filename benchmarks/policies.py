@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from supervisor.config import GuardConfig
-from supervisor.diagnosis import Classifier
+from supervisor.diagnosis import Classifier, check_auto_fit
 from supervisor.flags import Flags
 from supervisor.gpu import fp8_kv_supported
 from supervisor.model import Diagnosis
@@ -184,8 +184,13 @@ def run_guard(case: Case, plan: bool) -> Run:
         for line in r.lines:
             classifier.feed(line)
         d = classifier.diagnose(r.exit_code)
-        launch.diagnosis = f"{d.kind.value}: {d.evidence}"
         numbers = classifier.numbers
+        if flags.get(MML) in ("auto", "-1"):      # the launch watcher holds auto-fit to its bounds
+            bounded = check_auto_fit(numbers, classifier.phase, floor=cfg.remedies.min_model_len,
+                                     cap=case.requested.get_int(MML))
+            if bounded is not None:
+                d, launch.ok = bounded, False
+        launch.diagnosis = f"{d.kind.value}: {d.evidence}"
         version = numbers.get("vllm_version") or version
         block = numbers.get("block_size") or block
         if launch.ok:            # the guard's probe would pass: a chat completion answers

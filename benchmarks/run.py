@@ -143,11 +143,12 @@ least 95% of the context that fits. {len(missed)} misses:
 - The plan shares the emulator's formulas (activation, non-torch, graph pools within 0.03 GiB), so
   the "+ plan" rows measure the plan's logic and margin, not its error against a real GPU: those
   estimates are uncalibrated (no GPU was lent).
-- The plan trades a little context for its one launch: it holds back 3% of its KV estimate
-  (`[plan] margin`), and its CUDA-graph estimate (0.25 GiB + 1.5% of the weights) is 0.03 GiB above
-  the emulator's fixed 0.5 GiB for a 32B AWQ. On the 0.5 GiB fp8 KV cache of a 32B AWQ on an L4 the
-  two cost 7% of the context (3664 of 3936 tokens); a plan without them would launch twice whenever
-  its estimate is short, which the real-GPU error it stands for makes likely.
+- Before vLLM 0.14 the plan trades a little context for its one launch: it holds back 3% of its KV
+  estimate (`[plan] margin`), and its estimates may be off. From 0.14 it passes `--max-model-len
+  auto` where its length is an estimate, so vLLM sizes the length to the KV cache it measured (the
+  guard holds it between the floor and the length asked; a choice above the request is stopped and
+  the request pinned, one more launch). The emulator's auto-fit is vLLM's own estimate formula, so
+  on 0.32 the "+ plan" rows keep the whole context that fits by construction.
 - Time to healthy uses published per-phase figures, not this machine.
 
 ## Cost of the guard

@@ -465,6 +465,32 @@ def classify(lines: Iterable[str | bytes], exit_code: int | None = None) -> Diag
     return classifier.diagnose(exit_code)
 
 
+def check_auto_fit(numbers: dict[str, Any], phase: str, *, floor: int, cap: int | None) -> Diagnosis | None:
+    """A launch with ``--max-model-len auto`` (vLLM 0.14+): vLLM's choice held to the guard's bounds.
+
+    vLLM knows neither bound: it picks anything from 1 token up to the model's whole context. Below
+    ``floor`` (--min-model-len) the launch is a KV cache too small; above ``cap`` (the length the
+    user asked for, when the plan chose auto to size it) it would serve more than asked, and the
+    length asked is known to fit. None: no choice printed yet, or it is within bounds.
+    """
+    chosen = numbers.get("auto_fit_max_model_len")
+    if chosen is None:
+        return None
+    if chosen < floor:
+        return Diagnosis(Kind.KV_CACHE_INSUFFICIENT,
+                         evidence=f"Auto-fit max_model_len: vLLM chose {chosen} tokens, below the floor "
+                                  f"--min-model-len {floor}",
+                         numbers={"fit_max_model_len": chosen}, phase=phase,
+                         detail=f"vLLM's auto-fit chose {chosen} tokens, below the floor {floor}")
+    if cap and chosen > cap:
+        return Diagnosis(Kind.AUTO_FIT_ABOVE_REQUEST,
+                         evidence=f"Auto-fit max_model_len: vLLM chose {chosen} tokens, above the "
+                                  f"--max-model-len {cap} asked for",
+                         numbers={"fit_max_model_len": chosen, "max_model_len": cap}, phase=phase,
+                         detail=f"vLLM's auto-fit found room for {chosen} tokens; {cap} were asked for, and fit")
+    return None
+
+
 def _trim(text: str) -> str:
     text = text.strip()
     return text if len(text) <= _EVIDENCE else text[: _EVIDENCE - 1] + "…"

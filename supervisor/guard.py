@@ -350,6 +350,7 @@ class Guard:
         watcher = Watcher(child, prober, timers, hooks, self._control)
         if flags.get("--max-model-len") in ("auto", "-1"):
             watcher.min_model_len = self.cfg.remedies.min_model_len
+            watcher.max_model_len_cap = self.requested.get_int("--max-model-len")
         child.on_line = watcher.line
         self._watcher = watcher
         self.child = child
@@ -423,9 +424,13 @@ class Guard:
         self.healthy_since = time.time()
         chosen = self._watcher.classifier.numbers.get("auto_fit_max_model_len") if self._watcher else None
         if chosen and self.current.get("--max-model-len") in ("auto", "-1"):
-            self.notes["--max-model-len"] = FlagNote(
-                f"auto ({chosen})", self.requested.get("--max-model-len"),
-                f"vLLM's auto-fit chose {chosen} tokens for the KV cache", "plan")
+            before = self.notes.get("--max-model-len")      # why auto (plan, heal), if not the user's
+            chose = "vLLM's auto-fit chose"
+            why = f"{chose} {chosen} tokens for the KV cache"
+            if before is not None:
+                why = f"{before.why.split('; ' + chose)[0]}; {why}"
+            self.notes["--max-model-len"] = FlagNote(f"auto ({chosen})", self.requested.get("--max-model-len"),
+                                                     why, before.source if before is not None else "plan")
         startup.release_turn(self)      # the next vLLM on this GPU may start profiling now
         self._to(State.HEALTHY, f"launch {n} serves")
         total = time.monotonic() - self.started
@@ -437,7 +442,7 @@ class Guard:
                  launch=n, time_to_healthy_s=round(seconds, 1))
         if self.metrics is not None:
             self.metrics.healthy_after(seconds)
-            self.metrics.set_flags(self.current.get_int("--max-model-len"),
+            self.metrics.set_flags(self.current.get_int("--max-model-len") or chosen,
                                    self.current.get_float("--gpu-memory-utilization"))
         startup.learn(self)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from supervisor.child import Child
-from supervisor.diagnosis import Classifier
+from supervisor.diagnosis import Classifier, check_auto_fit
 from supervisor.health import Prober, ProbeResult
 from supervisor.model import Diagnosis, Kind
 
@@ -71,6 +71,7 @@ class Watcher:
     fatal_at: float | None = None
     last_output: float = field(default_factory=time.monotonic)
     min_model_len: int = 0          # > 0 when the launch uses --max-model-len auto: its floor
+    max_model_len_cap: int | None = None    # and the length the user asked for, its ceiling
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
@@ -87,17 +88,12 @@ class Watcher:
             self._check_auto_fit()
 
     def _check_auto_fit(self) -> None:
-        """``--max-model-len auto`` has no floor of its own: hold vLLM's choice to ours."""
-        chosen = self.classifier.numbers.get("auto_fit_max_model_len")
-        if chosen is None or chosen >= self.min_model_len:
+        """``--max-model-len auto`` has no bounds of its own: hold vLLM's choice to ours."""
+        d = check_auto_fit(self.classifier.numbers, self.classifier.phase, floor=self.min_model_len,
+                           cap=self.max_model_len_cap)
+        if d is None:
             return
-        self.first_fatal = Diagnosis(
-            Kind.KV_CACHE_INSUFFICIENT,
-            evidence=f"Auto-fit max_model_len: vLLM chose {chosen} tokens, below the floor "
-                     f"--min-model-len {self.min_model_len}",
-            numbers={"fit_max_model_len": chosen},
-            phase=self.classifier.phase,
-            detail=f"vLLM's auto-fit chose {chosen} tokens, below the floor {self.min_model_len}")
+        self.first_fatal = self._own_fatal = d
         self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
         self._nudge.set()
 
@@ -106,6 +102,7 @@ class Watcher:
         self._ready_hint = False
         self._lost: list[int] = []
         self._probed_fatal = False
+        self._own_fatal: Diagnosis | None = None
 
     async def run(self) -> LaunchResult:
         t = self.timers
@@ -218,9 +215,8 @@ class Watcher:
 
     def _verdict(self, code: int | None) -> Diagnosis:
         d = self.classifier.diagnose(code)
-        if d.kind is Kind.HEALTHY and self.first_fatal is not None \
-                and self.first_fatal.evidence.startswith("Auto-fit"):
-            return self.first_fatal      # our own floor check, not a vLLM failure
+        if d.kind is Kind.HEALTHY and self._own_fatal is not None:
+            return self._own_fatal       # our own auto-fit bounds, not a vLLM failure
         return d
 
     def _ended(self, code: int | None, healthy_at: float | None, started: float,

@@ -15,6 +15,7 @@ class Kind(str, enum.Enum):
     """What ended (or did not end) a vLLM launch."""
 
     KV_CACHE_INSUFFICIENT = "kv_cache_insufficient"
+    AUTO_FIT_ABOVE_REQUEST = "auto_fit_above_request"   # the guard's own check, not a vLLM failure
     NO_KV_CACHE_MEMORY = "no_kv_cache_memory"
     INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
     OOM_WEIGHTS = "oom_weights"

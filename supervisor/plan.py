@@ -287,6 +287,10 @@ def _fmt_util(u: float) -> str:
     return f"{u:.2f}".rstrip("0").rstrip(".")
 
 
+#: First vLLM with ``--max-model-len auto``: it sizes the length to the KV cache it measured.
+AUTO_FIT_SINCE = (0, 14, 0)
+
+
 #: The CUDA context (and the allocator's first blocks) a vLLM rank creates before it measures free
 #: memory: NVML's free figure, read before the launch, still includes it; vLLM's own does not.
 CUDA_CONTEXT_BYTES = int(0.4 * GiB)
@@ -423,13 +427,25 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
     # a borderline miss costs one reactive relaunch, a needless cut costs context for good.
     if fit_for(kv_dtype, 0.0) >= asked:
         return FirstLaunch(out, why, True)
+    # vLLM 0.14+ can size the length to the KV cache it measures (--max-model-len auto). Where the
+    # plan's length is an estimate, vLLM's exact figure replaces it; the guard holds vLLM's choice
+    # between the floor and the length asked (diagnosis.check_auto_fit).
+    measures = parse_version(vllm_version) is not None and ver >= AUTO_FIT_SINCE
+
+    def length(fit_: int, exact: bool, said: str) -> str:
+        if measures and not exact:
+            why["--max-model-len"] = (f"{said}; about {fit_} by the plan's estimate, so vLLM sizes the length "
+                                      f"to the KV cache it measures (auto), held between {min_model_len} "
+                                      f"and {asked}")
+            return "auto"
+        why["--max-model-len"] = f"{said}; {fit_} do (block-aligned" + (
+            "" if exact else f", {margin:.0%} held back for estimate error") + ")"
+        return str(fit_)
+
     if fit >= min_model_len:
         exact = kv_budget(info, max_model_len=fit, **common).exact
-        out["--max-model-len"] = str(fit)
-        why["--max-model-len"] = (f"{asked} tokens do not fit in the KV cache"
-                                  + (" as configured" if exact else f" at utilization {util:.2f}")
-                                  + f"; {fit} do (block-aligned"
-                                  + ("" if exact else f", {margin:.0%} held back for estimate error") + ")")
+        out["--max-model-len"] = length(fit, exact, f"{asked} tokens do not fit in the KV cache"
+                                        + (" as configured" if exact else f" at utilization {util:.2f}"))
         return FirstLaunch(out, why, True)
     cc_ok = compute_capability is not None and fp8_kv_supported(compute_capability, vllm_version, info.mla)
     if platform != "cpu" and kv_dtype == "auto" and cc_ok:
@@ -439,8 +455,8 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
             why["--kv-cache-dtype"] = (f"at the model dtype only {fit} tokens fit (< {min_model_len}); "
                                        f"fp8 halves the KV cache")
             if fit8 < asked:
-                out["--max-model-len"] = str(fit8)
-                why["--max-model-len"] = f"{asked} tokens do not fit even with fp8 KV; {fit8} do"
+                exact = kv_budget(info, max_model_len=fit8, **common).exact
+                out["--max-model-len"] = length(fit8, exact, f"{asked} tokens do not fit even with fp8 KV")
             return FirstLaunch(out, why, True)
     left = kv_budget(info, max_model_len=asked, **common)
     return FirstLaunch(out, why, True, expect="no_kv_cache_memory" if left.kv_bytes <= 0 else "")

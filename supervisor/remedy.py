@@ -301,6 +301,18 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     return Relaunch(flags, tuple(changes), changes[0].why, step="max_model_len")
 
 
+def _auto_fit_above(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
+    """vLLM's auto-fit found room for more than the user asked: what they asked fits, so pin it."""
+    asked = ctx.requested.get_int(MML) or _num(d, "max_model_len")
+    chosen = _num(d, "fit_max_model_len")
+    if not asked:
+        return GiveUp("vLLM's auto-fit chose a length above the request, but the request is unknown",
+                      EX_CONFIG, "set --max-model-len")
+    why = (f"vLLM's auto-fit found room for {chosen} tokens, more than the {asked} asked for; "
+           f"{asked} fits")
+    return _set(current, MML, str(asked), why, "max_model_len_asked")
+
+
 def _max_len_exceeds(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     derived = _num(d, "derived_max_model_len") or ctx.derived_max_model_len
     if not derived or not _allowed(ctx, "max_model_len"):
@@ -632,6 +644,7 @@ def _config_error(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
 
 _RULES = {
     Kind.KV_CACHE_INSUFFICIENT: _kv_cache,
+    Kind.AUTO_FIT_ABOVE_REQUEST: _auto_fit_above,
     Kind.MAX_LEN_EXCEEDS_MODEL: _max_len_exceeds,
     Kind.INSUFFICIENT_FREE_MEMORY: _free_memory,
     Kind.NO_KV_CACHE_MEMORY: _no_kv,
@@ -656,9 +669,9 @@ def _foresee(decision: Relaunch, ctx: Context) -> Relaunch:
             or any(c.flag == MML for c in decision.changes):
         return decision
     planned = _plan(ctx, decision.flags, total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
-    new = planned.flags.get(MML) if planned is not None else None
+    new = planned.flags.get(MML) if planned is not None else None   # a number, or "auto" (0.14+)
     length = decision.flags.get_int(MML) or ctx.derived_max_model_len
-    if new is None or not new.isdigit() or (length and int(new) >= length):
+    if new is None or (new != "auto" and (not new.isdigit() or (length and int(new) >= length))):
         return decision
     change = Change(MML, decision.flags.get(MML), new,
                     "with the relaunch's other flags, " + planned.reasons.get(MML, "the plan says so"))

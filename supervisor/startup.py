@@ -22,6 +22,7 @@ import tenacity
 from supervisor import auth, config, procs, state, vllm_version
 from supervisor.config import BackoffConfig, ConfigError
 from supervisor.flags import Flags
+from supervisor.plan import AUTO_FIT_SINCE
 from supervisor.remedy import EX_CONFIG, EX_TEMPFAIL
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
             return
     if not cfg.plan.enabled:
         return
-    if cfg.plan.auto_fit and not g.requested.has("--max-model-len") and _version_at_least(g, (0, 14)):
+    if cfg.plan.auto_fit and not g.requested.has("--max-model-len") and _version_at_least(g, AUTO_FIT_SINCE):
         g.current = g.current.set("--max-model-len", "auto")
         g.notes["--max-model-len"] = _note("auto", None, "vLLM sizes the context to the KV cache "
                                            "itself (--max-model-len auto)", "plan")

@@ -91,12 +91,33 @@ def test_busy_gpu_with_the_models_config_heals_share_and_length_in_one_relaunch(
     first, second = s["launches"]
     assert first["kind"] == "insufficient_free_memory"
     util = float(argv_flag(second["argv"], "--gpu-memory-utilization"))
-    length = int(argv_flag(second["argv"], "--max-model-len"))
     assert util * 23.55 <= 20.15
+    # the plan says 131072 tokens do not fit at that share; vLLM 0.14+ sizes the length itself
+    assert argv_flag(second["argv"], "--max-model-len") == "auto"
     fit = true_fit("0.32.0", {"--gpu-memory-utilization": str(util)}, {"other_used_gib": 3})
-    assert 0.9 * fit <= length <= fit                    # what fits at that share, less the plan's margin
-    assert s["changed_flags"]["--max-model-len"]["source"] == "heal"
-    assert f"--max-model-len (unset) -> {length} (131072 tokens do not fit" in g.output()   # each change's reason
+    note = s["changed_flags"]["--max-model-len"]
+    assert note["value"] == f"auto ({fit})" and note["source"] == "heal"
+    assert note["why"].startswith("131072 tokens do not fit") and note["why"].endswith(f"chose {fit} tokens for the KV cache")
+    assert "--max-model-len (unset) -> auto (131072 tokens do not fit" in g.output()   # each change's reason
+    assert g.chat(model).status_code == 200
+    assert g.terminate() == 0
+
+
+def test_auto_fit_above_the_asked_length_is_pinned_to_it(run):
+    # The plan is pessimistic here (the fake's weights are 12 GiB, config.json says 15): it sizes
+    # the relaunch with --max-model-len auto, vLLM finds room for more than the 40000 asked, and
+    # the guard stops that launch and pins what was asked, which vLLM has just shown to fit.
+    model = str(ROOT / "tests" / "fixtures" / "models" / "Llama-3.1-8B-Instruct")
+    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 12.0}, "gpu": {"other_used_gib": 3}},
+            model=model, vllm_args=["--max-model-len", "40000"])
+    s = g.wait_healthy(launches=3)
+    first, second, third = s["launches"]
+    assert first["kind"] == "insufficient_free_memory"
+    assert argv_flag(second["argv"], "--max-model-len") == "auto"
+    assert second["kind"] == "auto_fit_above_request" and "above the --max-model-len 40000" in second["evidence"]
+    assert argv_flag(third["argv"], "--max-model-len") == "40000"
+    assert argv_flag(third["argv"], "--gpu-memory-utilization") == argv_flag(second["argv"],
+                                                                              "--gpu-memory-utilization")
     assert g.chat(model).status_code == 200
     assert g.terminate() == 0
 

@@ -54,6 +54,33 @@ def test_auto_fit_is_left_to_vllm():
     assert "--max-model-len" not in launch("Llama-3.1-8B-Instruct", ["--max-model-len", "auto"]).flags
 
 
+@pytest.mark.parametrize("version", ["0.14.0", "0.32.0"])
+def test_from_0_14_an_estimated_cut_is_left_to_vllms_measurement(version):
+    fl = launch("Llama-3.1-8B-Instruct", version=version)
+    assert fl.flags["--max-model-len"] == "auto"
+    why = fl.reasons["--max-model-len"]
+    assert why.startswith("131072 tokens do not fit") and "held between 2048 and 131072" in why
+    # the estimate is still said: "about N by the plan's estimate"
+    estimate = int(why.split("about ", 1)[1].split(" ", 1)[0])
+    assert 30_000 < estimate < 45_000
+    pinned = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "100k"], version=version)
+    assert pinned.flags["--max-model-len"] == "auto" and "and 100000" in pinned.reasons["--max-model-len"]
+
+
+@pytest.mark.parametrize("version", ["0.13.0", None])
+def test_before_0_14_or_an_unknown_vllm_gets_the_estimate(version):
+    fl = launch("Llama-3.1-8B-Instruct", version=version)
+    assert fl.flags["--max-model-len"].isdigit()        # "auto" is refused before 0.14
+
+
+def test_an_exact_budget_gets_a_number_even_from_0_14():
+    # --kv-cache-memory-bytes fixes the KV cache: the plan's length is exact, vLLM has nothing to add
+    fl = launch("Llama-3.1-8B-Instruct", ["--kv-cache-memory-bytes", str(4 * GiB)], version="0.32.0")
+    length = fl.flags["--max-model-len"]
+    assert length.isdigit() and 32768 - 16 <= int(length) <= 32768     # 4 GiB at 128 KiB a token
+    assert "held back" not in fl.reasons["--max-model-len"]
+
+
 def test_busy_gpu_lowers_utilization():
     fl = launch("Qwen2.5-7B-Instruct", total=CARD_24, free=CARD_24 - 4 * GiB, version="0.20.0")
     # (19.55 free - 0.4 CUDA context) / 23.55 = 0.813, less the 0.005 margin -> 0.80

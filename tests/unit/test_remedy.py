@@ -115,6 +115,28 @@ def test_floor_is_configurable():
     assert out.flags.get("--max-model-len") == "1488"
 
 
+# -- --max-model-len auto, held to the guard's bounds -------------------------------------------
+def test_auto_fit_bounds_name_the_launch():
+    from supervisor.diagnosis import check_auto_fit
+
+    assert check_auto_fit({}, "kv_cache", floor=2048, cap=8192) is None            # nothing chosen yet
+    assert check_auto_fit({"auto_fit_max_model_len": 4096}, "kv_cache", floor=2048, cap=8192) is None
+    assert check_auto_fit({"auto_fit_max_model_len": 9000}, "kv_cache", floor=2048, cap=None) is None
+    low = check_auto_fit({"auto_fit_max_model_len": 1000}, "kv_cache", floor=2048, cap=8192)
+    assert low.kind is Kind.KV_CACHE_INSUFFICIENT and low.numbers["fit_max_model_len"] == 1000
+    high = check_auto_fit({"auto_fit_max_model_len": 9000}, "kv_cache", floor=2048, cap=8192)
+    assert high.kind is Kind.AUTO_FIT_ABOVE_REQUEST and "above the --max-model-len 8192" in high.evidence
+
+
+def test_auto_fit_above_the_request_pins_the_request():
+    from supervisor.diagnosis import check_auto_fit
+
+    d = check_auto_fit({"auto_fit_max_model_len": 9000}, "kv_cache", floor=2048, cap=8192)
+    out = R.decide(d, Flags.parse("--max-model-len auto --enforce-eager"), ctx("--max-model-len 8192"))
+    assert out.flags.argv() == ["--max-model-len", "8192", "--enforce-eager"]
+    assert out.step == "max_model_len_asked" and "room for 9000" in out.changes[0].why
+
+
 # -- the other kinds --------------------------------------------------------------------------
 def test_max_len_exceeds_model_uses_derived():
     d = D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=65536, derived_max_model_len=32768)

@@ -53,11 +53,12 @@ def test_free_memory_failure_also_sizes_the_length(version):
     out = R.decide(d, Flags(), ctx(version, sizing("Llama-3.1-8B-Instruct", version), free=L4_TOTAL - 3.0))
     assert isinstance(out, R.Relaunch)
     util = out.flags.get_float("--gpu-memory-utilization")
-    length = out.flags.get_int("--max-model-len")
     assert util is not None and util * L4_TOTAL <= free_printed          # passes vLLM's start-up check
-    assert length is not None and 8192 <= length < 131072
     assert {c.flag for c in out.changes} == {"--gpu-memory-utilization", "--max-model-len"}
-    assert serves("Llama-3.1-8B-Instruct", version, out.flags, other_gib=3.0).ok
+    # 0.14+ sizes the length to the KV cache it measures; before, the plan's estimate is the length
+    assert (out.flags.get("--max-model-len") == "auto") == (version == "0.32.0")
+    served = serves("Llama-3.1-8B-Instruct", version, out.flags, other_gib=3.0)
+    assert served.ok and 8192 <= served.served_max_model_len < 131072
 
 
 def test_free_memory_without_the_model_changes_only_utilization():
@@ -131,8 +132,9 @@ def test_no_kv_memory_raises_utilization_and_sizes_the_length():
     out = R.decide(Diagnosis(Kind.NO_KV_CACHE_MEMORY), flags, ctx(version, s, free=L4_TOTAL, requested=flags))
     assert out.step == "no_kv:gpu_memory_utilization"
     assert out.flags.get_float("--gpu-memory-utilization") > 0.92
-    assert 2048 <= out.flags.get_int("--max-model-len") < 131072
-    assert serves("Llama-3.3-70B-Instruct-AWQ", version, out.flags, count=2).ok
+    assert out.flags.get("--max-model-len") == "auto"       # the plan foresaw a cut; vLLM measures it
+    served = serves("Llama-3.3-70B-Instruct-AWQ", version, out.flags, count=2)
+    assert served.ok and 2048 <= served.served_max_model_len < 131072
 
 
 def test_the_plan_foresees_no_kv_memory_and_the_first_launch_takes_the_remedy():

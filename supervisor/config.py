@@ -83,7 +83,7 @@ class PlanConfig:
     enabled: bool = True          # predict the first launch from config.json + GPU memory
     margin: float = 0.03          # fraction of the KV budget the plan holds back
     learn: bool = True            # store and reuse flags that became healthy
-    auto_fit: bool = False        # use --max-model-len auto where vLLM has it (0.14+)
+    auto_fit: bool = False        # always --max-model-len auto where vLLM has it (0.14+), not only for estimates
 
 
 @dataclass(frozen=True)
@@ -358,7 +358,7 @@ _OPTIONS: list[tuple[str, str, Any, str | None, str]] = [
     ("--stop-grace", "stop_grace", float, "S", "SIGTERM to SIGKILL grace for vLLM"),
     ("--no-plan", "plan.enabled", False, None, "do not predict the first launch's flags"),
     ("--no-learn", "plan.learn", False, None, "do not store or reuse flags that became healthy"),
-    ("--auto-fit", "plan.auto_fit", True, None, "use --max-model-len auto where vLLM has it"),
+    ("--auto-fit", "plan.auto_fit", True, None, "always use --max-model-len auto where vLLM has it (0.14+)"),
     ("--quiet", "quiet", True, None, "do not echo vLLM's output"),
 ]
 

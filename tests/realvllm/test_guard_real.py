@@ -210,3 +210,19 @@ def test_kv_cache_memory_bytes_above_free_memory_is_lowered_under_it(start_guard
     _assert_chat(g)
     g.signal(signal.SIGTERM)
     assert g.wait_exit(60) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# --max-model-len auto (0.14+): vLLM sizes the length itself; the guard reads and reports its choice.
+# --------------------------------------------------------------------------------------------
+
+def test_auto_fit_serves_and_its_choice_is_reported(start_guard, tmp_path_factory) -> None:
+    g = start_guard(tmp_path_factory.mktemp("state-auto"), ["--enforce-eager", "--max-model-len", "auto"],
+                    extra=["--no-plan", "--health-interval", "2"])
+    s = g.wait_healthy(1, timeout=LAUNCH_S)
+    assert _flag(s["launches"][0]["argv"], "--max-model-len") == "auto"
+    # the same 1 GiB KV cache as the failing default: vLLM's auto-fit lands on its own estimate
+    assert s["changed_flags"]["--max-model-len"]["value"] == "auto (65408)", s["changed_flags"]
+    _assert_chat(g)
+    g.signal(signal.SIGTERM)
+    assert g.wait_exit(60) == 0

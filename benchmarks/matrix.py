@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from supervisor.flags import Flags
 from supervisor.gpu import fp8_kv_supported
-from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info
+from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info, parse_version
 from supervisor.plan import kv_bytes_per_token
 
 from benchmarks.render import CONTEXT_GIB, emu, simulate
@@ -180,7 +180,8 @@ def reference_fit(case: Case) -> Fit:
     step free memory allows; with CUDA graphs on also any lower step, because vLLM < 0.20 captures
     them outside its budget and needs room left for them. Not allowed: smaller batches or a
     utilization above the default (they trade safety for context). V0 profiles the whole context
-    unchunked up to 32768, so the length is searched on each side of that switch.
+    unchunked up to 32768, so the length is searched on each side of that switch, and also with
+    --enable-chunked-prefill (no degradation: V1 always chunks, V0 itself does above 32768).
     """
     spec = model_spec(case.model, case.version)
     gpu = case.gpu.spec()
@@ -195,7 +196,9 @@ def reference_fit(case: Case) -> Fit:
     else:
         tiers += [(True, False)]
 
-    def longest(flags: Flags) -> int:
+    v0 = (parse_version(case.version) or (99,)) < (0, 8)
+
+    def longest_as(flags: Flags) -> int:
         def ok(n: int) -> bool:
             return simulate(spec, gpu, case.version, flags.set("--max-model-len", str(n))).ok
 
@@ -204,6 +207,15 @@ def reference_fit(case: Case) -> Fit:
             if n:
                 return n
         return 0
+
+    def longest(flags: Flags) -> tuple[int, Flags]:
+        n, best = longest_as(flags), flags
+        if v0 and not flags.has("--enable-chunked-prefill"):
+            chunked = flags.set("--enable-chunked-prefill")
+            m = longest_as(chunked)
+            if m > n:
+                n, best = m, chunked
+        return n, best
 
     for eager, fp8 in tiers:
         best = Fit(0, case.requested)
@@ -215,7 +227,7 @@ def reference_fit(case: Case) -> Fit:
                 flags = flags.set("--enforce-eager")
             if fp8:
                 flags = flags.set("--kv-cache-dtype", "fp8")
-            n = longest(flags)
+            n, flags = longest(flags)
             if n > best.length:
                 best = Fit(n, flags.set("--max-model-len", str(n)))
             elif best.length or eager:

@@ -182,7 +182,8 @@ def default_block_size(info: ModelInfo, *, platform: str = "cuda", compute_capab
 
 
 def batch_defaults(gpu_total_bytes: int, *, vllm_version: str | None = None, platform: str = "cuda",
-                   device_name: str = "", max_model_len: int | None = None, world_size: int = 1) -> tuple[int, int]:
+                   device_name: str = "", max_model_len: int | None = None, world_size: int = 1,
+                   chunked_prefill: bool = False) -> tuple[int, int]:
     """(max_num_batched_tokens the profile run uses, max_num_seqs) for the OpenAI server (§1.8)."""
     ver = _ver(vllm_version)
     if platform == "cpu":
@@ -190,7 +191,7 @@ def batch_defaults(gpu_total_bytes: int, *, vllm_version: str | None = None, pla
     if ver < (0, 8, 0):                         # V0: whole context in one profile pass unless chunked
         chunk = 512 if ver < (0, 7, 0) else 2048
         length = max_model_len or 2048
-        return (chunk if length > 32768 else max(length, 2048)), 256
+        return (chunk if length > 32768 or chunked_prefill else max(length, 2048)), 256
     if gpu_total_bytes >= 160 * GiB and ver >= (0, 30, 0):
         return 16384, 1024
     if gpu_total_bytes >= 70 * GiB and "a100" not in device_name.lower():
@@ -231,7 +232,8 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
               vllm_version: str | None = None, enforce_eager: bool = False, max_model_len: int | None = None,
               max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
               other_used_bytes: int = 0, platform: str = "cuda", cpu_kv_space_gib: float | None = None,
-              kv_cache_memory_bytes: int | None = None, device_name: str = "", dtype: str | None = None) -> Budget:
+              kv_cache_memory_bytes: int | None = None, device_name: str = "", dtype: str | None = None,
+              chunked_prefill: bool = False) -> Budget:
     """The KV-cache bytes per rank vLLM will find at this utilization (§1, §8 steps 2-3)."""
     ver = _ver(vllm_version)
     total = int(gpu_total_bytes)
@@ -245,7 +247,7 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
         rss = weights + GiB
         return Budget(total, utilization, requested, weights, 0, rss - weights, 0, 0, requested - rss)
     tokens, seqs = batch_defaults(total, vllm_version=vllm_version, device_name=device_name,
-                                  max_model_len=max_model_len)
+                                  max_model_len=max_model_len, chunked_prefill=chunked_prefill)
     act = activation_bytes(info, tokens=max_num_batched_tokens or tokens, seqs=max_num_seqs or seqs, tp=tp, dtype=dtype)
     non_torch = int((0.25 if tp * pp > 1 else 0.10) * GiB)
     cg = cudagraph_bytes(weights) if ver >= (0, 20, 0) and not enforce_eager else 0
@@ -277,7 +279,7 @@ def check_gpu_count(needed: int, devices: Sequence[object]) -> str | None:
 class FirstLaunch:
     """The flags to change before the first launch (vs the user's), why, and whether the inputs were complete."""
 
-    flags: dict[str, str] = field(default_factory=dict)
+    flags: dict[str, str | None] = field(default_factory=dict)     # None: a boolean flag, on
     reasons: dict[str, str] = field(default_factory=dict)
     confident: bool = False
     expect: str = ""     # a failure no length or KV dtype avoids ("no_kv_cache_memory"): the remedies' to pre-empt
@@ -286,6 +288,8 @@ class FirstLaunch:
 def _fmt_util(u: float) -> str:
     return f"{u:.2f}".rstrip("0").rstrip(".")
 
+
+CHUNKED = "--enable-chunked-prefill"
 
 #: First vLLM with ``--max-model-len auto``: it sizes the length to the KV cache it measured.
 AUTO_FIT_SINCE = (0, 14, 0)
@@ -343,7 +347,7 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
     # what other processes hold (vLLM's own free figure already lacks its CUDA context)
     held = 0 if gpu_free_bytes is None else max(0, total - free - (CUDA_CONTEXT_BYTES - context_bytes))
     ver = _ver(vllm_version)
-    out: dict[str, str] = {}
+    out: dict[str, str | None] = {}
     why: dict[str, str] = {}
 
     util = flags.get_float("--gpu-memory-utilization") or default_utilization(vllm_version)
@@ -389,15 +393,17 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
     tokens = common["max_num_batched_tokens"] or batch_defaults(total, vllm_version=vllm_version,
                                                                   platform=platform)[0]
 
+    chunked = flags.enabled(CHUNKED)
+
     def fit_at(length: int, kv_dtype_: str, margin: float = margin) -> int:
-        b = kv_budget(info, max_model_len=length, **common)
+        b = kv_budget(info, max_model_len=length, chunked_prefill=chunked, **common)
         kv = b.kv_bytes if b.exact else int(b.kv_bytes * (1 - margin))
         return fit_max_model_len(kv, info, tp=tp, pp=pp, kv_cache_dtype=kv_dtype_, block_size=block,
                                  vllm_version=vllm_version, upper=asked, max_num_batched_tokens=tokens,
                                  hybrid=hybrid, dtype=dtype)
 
     def fit_for(kv_dtype_: str, margin: float = margin) -> int:
-        if ver >= (0, 8, 0) or platform == "cpu":
+        if ver >= (0, 8, 0) or platform == "cpu" or chunked:
             return fit_at(asked, kv_dtype_, margin)   # the profile run does not depend on the length
         # V0 profiles up to the whole context at once (chunked only above 32768), so a shorter
         # context frees activation memory: the largest block-aligned L with L <= fit(budget(L)),
@@ -421,6 +427,19 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
         fit = fit_for(kv_dtype)
     except ValueError:         # a KV dtype this model does not know: leave it to vLLM
         return FirstLaunch(out, why, False)
+    if (platform != "cpu" and ver < (0, 8, 0) and fit < asked and not chunked
+            and not common["max_num_batched_tokens"]):
+        # V0 profiles the whole context at once up to 32768 tokens: chunked prefill (what V1 always
+        # does, and V0 itself above 32768) profiles one chunk and leaves the rest to the KV cache.
+        chunked = True
+        with_chunks = fit_for(kv_dtype)
+        if with_chunks > fit:
+            fit = with_chunks
+            out[CHUNKED] = None
+            why[CHUNKED] = ("below 32768 tokens vLLM V0 profiles the whole context at once; in chunks the "
+                            "profile takes less memory, and the KV cache more")
+        else:
+            chunked = False
     if fit >= asked:
         return FirstLaunch(out, why, True)
     # The margin is for shrinking safely, not for cutting a request the estimate says fits:

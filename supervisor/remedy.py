@@ -15,7 +15,8 @@ from typing import Any
 from supervisor.config import RemedyConfig
 from supervisor.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
 from supervisor.model import Diagnosis, Kind, parse_version
-from supervisor.plan import CUDA_CONTEXT_BYTES, GiB, Sizing, utilization_under_free, v0_chunked_gain_tokens
+from supervisor.plan import (CHUNKED, CUDA_CONTEXT_BYTES, GiB, Sizing, utilization_under_free,
+                             v0_chunked_gain_tokens)
 
 EX_CONFIG = 78      # not healable by flags: a person must change something
 EX_TEMPFAIL = 75    # remedies or launch budget exhausted; the GPU may be freed later
@@ -28,7 +29,6 @@ SEQS = "--max-num-seqs"
 BATCHED = "--max-num-batched-tokens"
 OFFLOAD = "--cpu-offload-gb"
 BLOCK = "--block-size"
-CHUNKED = "--enable-chunked-prefill"
 
 ADVICE = (
     "more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), "
@@ -673,9 +673,12 @@ def _foresee(decision: Relaunch, ctx: Context) -> Relaunch:
     length = decision.flags.get_int(MML) or ctx.derived_max_model_len
     if new is None or (new != "auto" and (not new.isdigit() or (length and int(new) >= length))):
         return decision
-    change = Change(MML, decision.flags.get(MML), new,
-                    "with the relaunch's other flags, " + planned.reasons.get(MML, "the plan says so"))
-    return Relaunch(decision.flags.set(MML, new), decision.changes + (change,), decision.why, step=decision.step)
+    flags, changes = decision.flags.set(MML, new), [Change(MML, decision.flags.get(MML), new, (
+        "with the relaunch's other flags, " + planned.reasons.get(MML, "the plan says so")))]
+    if CHUNKED in planned.flags and not flags.has(CHUNKED):      # V0: the length counts on it
+        flags = flags.set(CHUNKED)
+        changes.append(Change(CHUNKED, None, "", planned.reasons.get(CHUNKED, "the plan says so")))
+    return Relaunch(flags, decision.changes + tuple(changes), decision.why, step=decision.step)
 
 
 def decide(d: Diagnosis, current: Flags, ctx: Context | None = None) -> Decision:

@@ -262,8 +262,8 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     flags = g.requested
     for k, v in fl.flags.items():
         flags = flags.set(k, v)
-        g.notes[k] = _note(v, g.requested.get(k), fl.reasons.get(k, "planned"), "plan")
-    changes = dict(fl.flags)
+        g.notes[k] = _note("" if v is None else v, g.requested.get(k), fl.reasons.get(k, "planned"), "plan")
+    changes = {k: "(on)" if v is None else v for k, v in fl.flags.items()}
     if fl.expect:
         # The plan foresees a failure no length avoids: take the remedy's step now, not after it.
         from supervisor.remedy import plan_ahead

@@ -122,8 +122,9 @@ Baselines: plain restart (`Restart=always`: the same flags again); halving ladde
 emulator in the order the policy degrades: CUDA graphs on, then fp8 KV (where the GPU takes it), then
 `--enforce-eager`, then both (each tier only if the one before cannot serve {matrix.MIN_LEN} tokens),
 at the default utilization or the highest that free memory allows, and with CUDA graphs on also any
-lower 0.01 step (vLLM < 0.20 captures them outside its budget, so a busy GPU needs room left for them).
-Launches and time are over the cases each policy healed.
+lower 0.01 step (vLLM < 0.20 captures them outside its budget, so a busy GPU needs room left for them);
+on V0 both with and without `--enable-chunked-prefill` (no degradation: V1 always chunks, and V0 does
+above 32768 tokens). Launches and time are over the cases each policy healed.
 
 {policy_md}
 
@@ -155,8 +156,10 @@ least 95% of the context that fits. {len(missed)} misses:
 
 {overhead_md}
 
-Supervision: the real `vllm-guard start` against `tests/fakes/fake_vllm.py`, measured with psutil
-(`cpu_times`) over the healthy window only, and VmHWM from `/proc/<pid>/status` for the whole life.
+Supervision: the real `vllm-guard start` against `tests/fakes/fake_vllm.py`, its CPU time read from
+the kernel's per-process CPU clock (exact; `/proc` times are sampled per 10 ms tick, which charges a
+process that wakes briefly once a second a whole tick or none) over the healthy window only, and VmHWM
+from `/proc/<pid>/status` for the whole life.
 Reaction: `supervisor.launch.Watcher` around `supervisor.child.Child` and a real child
 (`benchmarks/latency_child.py`) that stamps CLOCK_MONOTONIC before printing a fatal vLLM line on
 stderr and again in its SIGTERM handler.

@@ -4,7 +4,8 @@ Every formula follows the vLLM source as summarised in the research note
 ``vllm-memory-model.md`` (section numbers below refer to it). Exact parts: KV bytes per token,
 page and block arithmetic, the fitting ``max_model_len`` for a given KV budget (the closed form of
 vLLM's own binary search, minus the null block from 0.29). Estimated parts: the activation peak,
-non-torch memory and the CUDA-graph reserve, which is why :func:`first_launch` holds back a margin.
+non-torch memory and the CUDA-graph reserve, which is why :func:`first_launch` holds back a margin,
+or, from vLLM 0.14, leaves an estimated length to vLLM's own measurement (``--max-model-len auto``).
 """
 
 from __future__ import annotations

@@ -40,3 +40,18 @@ def test_two_cases_produce_the_policy_table():
     assert "| plain restart | 1/2 |" in md
     rows = report.head_to_head(results, "vllm-guard")
     assert [r["baseline"] for r in rows] == list(report.BASELINE_NAMES)
+
+
+def test_the_plan_keeps_the_context_where_its_estimate_alone_fell_short():
+    # 0.32: the plan's length is an estimate (3% margin on a 0.5 GiB fp8 KV cache cost 7%); it now
+    # leaves the length to vLLM's auto-fit. V0: the reference and the plan both use chunked prefill.
+    awq = _case("Qwen2.5-32B-AWQ | L4 24GB | 8k | 0.32.0")
+    v0 = _case("Llama-3.1-8B | L4 24GB | default | 0.6.6.post1")
+    awq_r, v0_r = run_matrix([awq, v0])
+    assert v0_r.fit.flags.has("--enable-chunked-prefill")
+    for r in (awq_r, v0_r):
+        run = r.runs["vllm-guard + plan"]
+        assert len(run.launches) == 1 and run.healed, run.launches
+        assert r.kept("vllm-guard + plan") >= 0.95, (run.served_len, r.fit.length)
+    assert awq_r.runs["vllm-guard + plan"].launches[0].flags.get("--max-model-len") == "auto"
+    assert v0_r.runs["vllm-guard + plan"].launches[0].flags.has("--enable-chunked-prefill")

@@ -366,8 +366,9 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
     global_cap = (0, 8, 0) <= ver < (0, 9, 1) or ver[:2] == (0, 6) and ver[2] == 4
     if platform != "cpu" and ver < (0, 20, 0) and not global_cap and not flags.enabled("--enforce-eager"):
         tp_ = max(1, flags.get_int("--tensor-parallel-size") or 1)
-        reserve = cudagraph_bytes(int((info.weights_bytes or 0) / tp_)) + context_bytes
-        room = math.floor((free - reserve) / total * 100) / 100
+        graphs = cudagraph_bytes(int((info.weights_bytes or 0) / tp_))
+        reserve = graphs + context_bytes
+        room = utilization_under_free(free - graphs, total, context_bytes=context_bytes, margin=0.0)
         if 0 < room < util and held:
             out["--gpu-memory-utilization"] = _fmt_util(room)
             why["--gpu-memory-utilization"] = (
@@ -432,15 +433,14 @@ def first_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_fre
             and not common["max_num_batched_tokens"]):
         # V0 profiles the whole context at once up to 32768 tokens: chunked prefill (what V1 always
         # does, and V0 itself above 32768) profiles one chunk and leaves the rest to the KV cache.
-        chunked = True
+        chunked = True                          # fit_at and fit_for read it
         with_chunks = fit_for(kv_dtype)
-        if with_chunks > fit:
+        chunked = with_chunks > fit
+        if chunked:
             fit = with_chunks
             out[CHUNKED] = None
             why[CHUNKED] = ("below 32768 tokens vLLM V0 profiles the whole context at once; in chunks the "
                             "profile takes less memory, and the KV cache more")
-        else:
-            chunked = False
     if fit >= asked:
         return FirstLaunch(out, why, True)
     # The margin is for shrinking safely, not for cutting a request the estimate says fits:

@@ -15,8 +15,8 @@ from typing import Any
 from supervisor.config import RemedyConfig
 from supervisor.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
 from supervisor.model import Diagnosis, Kind, parse_version
-from supervisor.plan import (CHUNKED, CUDA_CONTEXT_BYTES, GiB, Sizing, utilization_under_free,
-                             v0_chunked_gain_tokens)
+from supervisor.plan import (CHUNKED, CUDA_CONTEXT_BYTES, GiB, Sizing, batch_defaults, kv_bytes_per_token,
+                             utilization_under_free, v0_chunked_gain_tokens)
 
 EX_CONFIG = 78      # not healable by flags: a person must change something
 EX_TEMPFAIL = 75    # remedies or launch budget exhausted; the GPU may be freed later
@@ -253,16 +253,15 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     """
     if ctx.sizing is None or not length:
         return None
-    from supervisor.plan import kv_bytes_per_token
-
     info = ctx.sizing.info
-    v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
+    version = ctx.vllm_version or d.numbers.get("vllm_version")
+    v = version_tuple(version)
     tp = current.get_int("--tensor-parallel-size") or 1
     kv_dtype, dtype = current.get(KV_DTYPE) or "auto", current.get("--dtype")
     flags, changes, tokens = current, [], fit
     if (v is not None and (0, 5) <= v < (0, 8) and length <= 32768 and not current.has(CHUNKED)
             and not current.has(BATCHED)):
-        chunk = 2048 if v >= (0, 7) else 512
+        chunk = batch_defaults(0, vllm_version=version, chunked_prefill=True)[0]
         gain = v0_chunked_gain_tokens(info, from_tokens=max(length, 2048), to_tokens=chunk, tp=tp,
                                       kv_cache_dtype=kv_dtype, dtype=dtype,
                                       seqs=current.get_int(SEQS) or default_max_num_seqs(ctx.vllm_version))
@@ -419,7 +418,8 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     if share and kv_auto:
         # the CPU backend's share holds the worker's memory and then the KV cache: shrink the share
         # by what the KV cache lacked
-        util = math.floor(((float(share) - (float(kv_auto) - free)) / total - ctx.rules.utilization_margin) * 100) / 100
+        util = utilization_under_free(float(share) - (float(kv_auto) - free), total, context_bytes=0,
+                                      margin=ctx.rules.utilization_margin)
     else:
         util, planned = _share_under_free(current, ctx, current_util, free_gib=free, total_gib=total,
                                           context_bytes=context)

@@ -1,7 +1,7 @@
 """The scenario matrix: real model configs x GPUs x requested contexts x vLLM generations.
 
 Each model's emulator spec is derived from the same config.json the guard's plan reads
-(:func:`supervisor.modelinfo.load_model_info`), so the plan and the emulator agree on the model.
+(:func:`supervisor.core.model.load_model_info`), so the plan and the emulator agree on the model.
 "The largest context that fits" is found by searching the emulator itself (:func:`reference_fit`).
 """
 
@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from supervisor.flags import Flags
-from supervisor.gpu import fp8_kv_supported
-from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info, parse_version
-from supervisor.plan import kv_bytes_per_token
+from supervisor.core.flags import Flags
+from supervisor.facts.nvml import fp8_kv_supported
+from supervisor.core.model import ModelInfo, derive_max_model_len, load_model_info, parse_version
+from supervisor.core.plan import kv_bytes_per_token
 
 from benchmarks.render import CONTEXT_GIB, emu, simulate
 

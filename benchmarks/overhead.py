@@ -1,8 +1,8 @@
 """The cost of the guard itself: supervising a healthy server, classifying a long log, reacting to a fatal line.
 
 Everything here runs the real code: ``vllm-guard start`` as a process against the fake vLLM,
-:class:`supervisor.diagnosis.Classifier` on a generated log, and :class:`supervisor.launch.Watcher`
-with :class:`supervisor.child.Child` around a real child process.
+:class:`supervisor.core.classifier.Classifier` on a generated log, and :class:`supervisor.shell.launch.Watcher`
+with :class:`supervisor.shell.child.Child` around a real child process.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor.child import Child
-from supervisor.diagnosis import Classifier
-from supervisor.health import Prober
-from supervisor.launch import LaunchHooks, LaunchTimers, Watcher
+from supervisor.shell.child import Child
+from supervisor.core.classifier import Classifier
+from supervisor.shell.probe import Prober
+from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
 
 from benchmarks.matrix import ROOT
 
@@ -142,7 +142,7 @@ def realistic_log(n: int = 1_000_000) -> list[bytes]:
     """A day of a busy vLLM 0.32 server in ``n`` lines: start-up, access log, stats, warnings, a traceback."""
     from benchmarks.matrix import L4, L40S, MODELS, model_spec
     from benchmarks.render import render
-    from supervisor.flags import Flags
+    from supervisor.core.flags import Flags
 
     spec = model_spec(MODELS[0], "0.32.0")
     startup = render(spec, L40S.spec(), "0.32.0", Flags()).lines

@@ -1,10 +1,10 @@
 """Relaunch policies run launch by launch against the emulator: vllm-guard and the baselines.
 
 vllm-guard is not re-implemented: each failed launch is rendered as vLLM's real output
-(:mod:`benchmarks.render`), classified by :func:`supervisor.diagnosis.Classifier`, and the next
-flags come from :func:`supervisor.remedy.decide`, with the loop state of ``Guard._supervise``
+(:mod:`benchmarks.render`), classified by :func:`supervisor.core.classifier.Classifier`, and the next
+flags come from :func:`supervisor.core.remedy.decide`, with the loop state of ``Guard._supervise``
 (tried steps, previous diagnoses, at most ``max_launches`` launches). "With plan" takes the first
-flags from :func:`supervisor.plan.first_launch` the way ``startup._choose_first_flags`` does.
+flags from :func:`supervisor.core.plan.first_launch` the way ``startup._choose_first_flags`` does.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from supervisor.config import GuardConfig
-from supervisor.diagnosis import Classifier, check_auto_fit
-from supervisor.flags import Flags
-from supervisor.gpu import fp8_kv_supported
-from supervisor.model import Diagnosis
-from supervisor.modelinfo import derive_max_model_len
-from supervisor.plan import Sizing
-from supervisor.remedy import Context, GiveUp, decide, plan_ahead
+from supervisor.core.classifier import Classifier, check_auto_fit
+from supervisor.core.flags import Flags
+from supervisor.facts.nvml import fp8_kv_supported
+from supervisor.core.diagnosis import Diagnosis
+from supervisor.core.model import derive_max_model_len
+from supervisor.core.plan import Sizing
+from supervisor.core.remedy import Context, GiveUp, decide, plan_ahead
 
 from benchmarks.matrix import GiB, Case, model_info, model_spec
 from benchmarks.render import emu, render

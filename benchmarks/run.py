@@ -107,10 +107,10 @@ vLLM {", ".join(matrix.VERSIONS)} (V0; V1 that prints the estimate but captures 
 budget; V1 that counts graph memory). {healable} are healable: something at least {matrix.MIN_LEN} tokens
 long serves. Each launch's outcome comes from the memory emulator (`tests/fakes/emulator.py`); for
 vllm-guard the failure is printed as the fake vLLM prints it for that version, classified by
-`supervisor.diagnosis.Classifier`, and the next flags come from `supervisor.remedy.decide` with the
+`supervisor.core.classifier.Classifier`, and the next flags come from `supervisor.core.remedy.decide` with the
 loop state of `Guard._supervise` and what the daemon knows at start-up (config.json's facts as
-`supervisor.plan.Sizing`, GPU total and free memory as from NVML). "+ plan": the first flags come from
-`supervisor.plan.first_launch` (and, when it foresees "no memory for the KV cache", from the remedy
+`supervisor.core.plan.Sizing`, GPU total and free memory as from NVML). "+ plan": the first flags come from
+`supervisor.core.plan.first_launch` (and, when it foresees "no memory for the KV cache", from the remedy
 for that failure, `remedy.plan_ahead`); plain "vllm-guard" launches the user's flags first, as with
 `[plan] enabled = false`. Every policy gets at most {MAX_LAUNCHES} launches (Ollama's ladder retries once).
 
@@ -160,7 +160,7 @@ Supervision: the real `vllm-guard start` against `tests/fakes/fake_vllm.py`, its
 the kernel's per-process CPU clock (exact; `/proc` times are sampled per 10 ms tick, which charges a
 process that wakes briefly once a second a whole tick or none) over the healthy window only, and VmHWM
 from `/proc/<pid>/status` for the whole life.
-Reaction: `supervisor.launch.Watcher` around `supervisor.child.Child` and a real child
+Reaction: `supervisor.shell.launch.Watcher` around `supervisor.shell.child.Child` and a real child
 (`benchmarks/latency_child.py`) that stamps CLOCK_MONOTONIC before printing a fatal vLLM line on
 stderr and again in its SIGTERM handler.
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from supervisor.flags import Flags
+from supervisor.core.flags import Flags
 
 
 class ConfigError(Exception):
@@ -51,7 +51,7 @@ class BackoffConfig:
 
 @dataclass(frozen=True)
 class RemedyConfig:
-    """The relaunch rules as data (see supervisor.remedy)."""
+    """The relaunch rules as data (see supervisor.core.remedy)."""
 
     allowed: tuple[str, ...] = (
         "max_model_len",

@@ -52,7 +52,7 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a launch ends: ``kind`` is a ``supervisor.model.Kind`` value, or None when it serves."""
+    """How a launch ends: ``kind`` is a ``supervisor.core.diagnosis.Kind`` value, or None when it serves."""
 
     ok: bool
     kind: str | None

@@ -135,7 +135,7 @@ class GuardRun:
 
 def marked(state_dir: Path | None = None) -> list[psutil.Process]:
     """Live processes carrying a guard's launch marker (for this state dir, if given)."""
-    from supervisor import procs
+    from supervisor.shell import procs
 
     if state_dir is not None:
         return procs.marked_processes(str(state_dir))

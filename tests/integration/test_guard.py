@@ -457,7 +457,7 @@ def test_auto_fit_choice_is_reported(run):
 def test_ray_head_node_worker_death_relaunches_the_engine(run, tmp_path):
     """vllm serve --distributed-executor-backend ray on the head node: a Ray worker death is
     classified engine_dead and the engine is relaunched with the same flags."""
-    from supervisor import procs
+    from supervisor.shell import procs
 
     state = tmp_path / "state"
     ray_log = ROOT / "tests" / "fixtures" / "logs" / "v0" / "0.6.0-ray-worker-died.log"
@@ -481,9 +481,9 @@ def test_a_fatal_looking_line_does_not_kill_a_server_that_still_answers(run, tmp
     noisy.write_text("ERROR 11-29 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. "
                      "Tried to allocate 20.00 MiB.\n")
     import asyncio
-    from supervisor.child import Child
-    from supervisor.health import Prober
-    from supervisor.launch import LaunchHooks, LaunchTimers, Watcher
+    from supervisor.shell.child import Child
+    from supervisor.shell.probe import Prober
+    from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
 
     script = tmp_path / "srv.py"
     script.write_text(

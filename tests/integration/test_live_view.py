@@ -12,7 +12,7 @@ import sys
 import time
 
 from guardrun import FAKE, ROOT, free_port
-from supervisor.live import render
+from supervisor.shell.live import render
 
 
 def test_render_is_one_bounded_line():

@@ -1,4 +1,4 @@
-"""Real process trees against supervisor.procs: stubborn children, orphans, a SIGKILLed guard, ports."""
+"""Real process trees against supervisor.shell.procs: stubborn children, orphans, a SIGKILLed guard, ports."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import procs
-from supervisor.state import StateError
+from supervisor.shell import procs
+from supervisor.shell.statedir import StateError
 
 ROOT = Path(__file__).resolve().parents[2]
 FORKER = str(ROOT / "tests" / "fakes" / "forker.py")
@@ -283,7 +283,7 @@ def test_a_broken_launch_record_is_a_clear_error(tmp_path):
 MINI_GUARDS = {
     "popen": """
 import os, subprocess, sys, time
-from supervisor import procs
+from supervisor.shell import procs
 state, forker = sys.argv[1:3]
 p = subprocess.Popen([sys.executable, forker, "--engine"], env=procs.child_env(os.environ, state, 1),
                      preexec_fn=procs.preexec_pdeathsig, process_group=0,
@@ -294,10 +294,10 @@ print(line.strip(), flush=True)
 while True:
     time.sleep(3600)
 """,
-    # As supervisor.child does it: asyncio in the main thread (pdeathsig follows the forking thread).
+    # As supervisor.shell.child does it: asyncio in the main thread (pdeathsig follows the forking thread).
     "asyncio": """
 import asyncio, os, sys
-from supervisor import procs
+from supervisor.shell import procs
 state, forker = sys.argv[1:3]
 async def main():
     p = await asyncio.create_subprocess_exec(sys.executable, forker, "--engine",

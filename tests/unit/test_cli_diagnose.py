@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import cli_diagnose
+from supervisor.cli import diagnose as cli_diagnose
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "fixtures" / "logs"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.diagnosis import Classifier, classify, normalize
-from supervisor.model import PHASES, Diagnosis, Kind
+from supervisor.core.classifier import Classifier, classify, normalize
+from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.diagnosis import Classifier, classify, normalize
-from supervisor.model import PHASES, Kind
+from supervisor.core.classifier import Classifier, classify, normalize
+from supervisor.core.diagnosis import PHASES, Kind
 
 # Fragments of real vLLM output mixed into random noise, so the rules actually fire.
 FRAGMENTS = [

@@ -23,10 +23,11 @@ from typing import Callable
 import httpx
 import pytest
 
-from supervisor import auth, config
+from supervisor.shell import auth
+from supervisor import config
 from supervisor.cli import build_parser
-from supervisor.metrics import Metrics
-from supervisor.status import StatusServer
+from supervisor.shell.metrics import Metrics
+from supervisor.shell.status_server import StatusServer
 
 dockerfile_parse = pytest.importorskip("dockerfile_parse")
 

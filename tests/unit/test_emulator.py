@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.model import Kind
+from supervisor.core.diagnosis import Kind
 from tests.fakes.emulator import GpuSpec, ModelSpec, simulate, vtuple
 
 # config.json values from the research table (§6); weights are the observed log figures.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.gpu import FakeProvider, GpuDevice, GpuProcess, NvmlProvider, fp8_kv_supported, visible
+from supervisor.facts.nvml import FakeProvider, GpuDevice, GpuProcess, NvmlProvider, fp8_kv_supported, visible
 
 GiB = 1 << 30
 

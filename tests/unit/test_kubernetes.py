@@ -20,9 +20,11 @@ from typing import Any, Callable
 
 import pytest
 
-from supervisor import auth, config, procs
+from supervisor.shell import auth
+from supervisor import config
+from supervisor.shell import procs
 from supervisor.cli import build_parser
-from supervisor.flags import Flags
+from supervisor.core.flags import Flags
 
 yaml = pytest.importorskip("yaml")
 dockerfile_parse = pytest.importorskip("dockerfile_parse")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from supervisor.lifecycle import BadTransition, Lifecycle, State, TRANSITIONS
+from supervisor.core.lifecycle import BadTransition, Lifecycle, State, TRANSITIONS
 
 
 def test_planning_to_starting_to_healthy_to_restarting():

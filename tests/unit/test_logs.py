@@ -10,8 +10,8 @@ import os
 import pytest
 import structlog
 
-from supervisor import auth
-from supervisor.logs import configure_logging, on_journal
+from supervisor.shell import auth
+from supervisor.shell.logs import configure_logging, on_journal
 
 
 @pytest.fixture(autouse=True)

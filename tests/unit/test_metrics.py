@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.metrics import STATES, Metrics
+from supervisor.shell.metrics import STATES, Metrics
 
 
 def samples(m: Metrics) -> dict[tuple[str, tuple], float]:

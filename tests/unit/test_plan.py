@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import plan as P
-from supervisor.gpu import GpuDevice
-from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info
+from supervisor.core import plan as P
+from supervisor.facts.nvml import GpuDevice
+from supervisor.core.model import ModelInfo, derive_max_model_len, load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30

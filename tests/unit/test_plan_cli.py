@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import cli_plan
-from supervisor.gpu import NvmlProvider
+from supervisor.cli import plan as cli_plan
+from supervisor.facts.nvml import NvmlProvider
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "fixtures" / "models"
@@ -23,7 +23,7 @@ FIXTURES = ["Qwen2.5-7B-Instruct", "Qwen2.5-32B-Instruct", "Qwen2.5-32B-Instruct
 
 def plan(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "supervisor.cli_plan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "supervisor.cli.plan", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=60)
 
 

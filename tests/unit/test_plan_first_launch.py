@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import plan as P
-from supervisor.flags import Flags
-from supervisor.modelinfo import load_model_info
+from supervisor.core import plan as P
+from supervisor.core.flags import Flags
+from supervisor.core.model import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30

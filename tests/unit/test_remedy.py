@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from supervisor.config import RemedyConfig
-from supervisor.flags import Flags
-from supervisor.model import Diagnosis, Kind
-from supervisor import remedy as R
+from supervisor.core.flags import Flags
+from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core import remedy as R
 
 
 def D(kind: Kind, evidence: str = "", **numbers) -> Diagnosis:
@@ -117,7 +117,7 @@ def test_floor_is_configurable():
 
 # -- --max-model-len auto, held to the guard's bounds -------------------------------------------
 def test_auto_fit_bounds_name_the_launch():
-    from supervisor.diagnosis import check_auto_fit
+    from supervisor.core.classifier import check_auto_fit
 
     assert check_auto_fit({}, "kv_cache", floor=2048, cap=8192) is None            # nothing chosen yet
     assert check_auto_fit({"auto_fit_max_model_len": 4096}, "kv_cache", floor=2048, cap=8192) is None
@@ -129,7 +129,7 @@ def test_auto_fit_bounds_name_the_launch():
 
 
 def test_auto_fit_above_the_request_pins_the_request():
-    from supervisor.diagnosis import check_auto_fit
+    from supervisor.core.classifier import check_auto_fit
 
     d = check_auto_fit({"auto_fit_max_model_len": 9000}, "kv_cache", floor=2048, cap=8192)
     out = R.decide(d, Flags.parse("--max-model-len auto --enforce-eager"), ctx("--max-model-len 8192"))

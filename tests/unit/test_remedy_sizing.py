@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import plan as P
-from supervisor import remedy as R
-from supervisor.diagnosis import Classifier
-from supervisor.flags import Flags
-from supervisor.model import Diagnosis, Kind
-from supervisor.modelinfo import load_model_info
+from supervisor.core import plan as P
+from supervisor.core import remedy as R
+from supervisor.core.classifier import Classifier
+from supervisor.core.flags import Flags
+from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.model import load_model_info
 
 from benchmarks import matrix, render
 from tests.fakes import emulator as emu

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from supervisor.sdnotify import Notifier, child_environment
+from supervisor.shell.sdnotify import Notifier, child_environment
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor import startup
+from supervisor.shell import startup
 from supervisor.config import GuardConfig
-from supervisor.gpu import FakeProvider, GpuDevice
-from supervisor.guard import Guard
+from supervisor.facts.nvml import FakeProvider, GpuDevice
+from supervisor.shell.guard import Guard
 
 from benchmarks import matrix, render
 from tests.fakes import emulator as emu

@@ -1,4 +1,4 @@
-"""supervisor.state against real files, real flocks and real competing processes."""
+"""supervisor.shell.statedir against real files, real flocks and real competing processes."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import state
-from supervisor.state import AlreadyRunning, GpuTurnTimeout, LearnedStore, StateDirLock, StateError
+from supervisor.shell import statedir as state
+from supervisor.shell.statedir import AlreadyRunning, GpuTurnTimeout, LearnedStore, StateDirLock, StateError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +104,7 @@ def test_read_json_missing_is_none_and_broken_is_a_clear_error(tmp_path):
 
 HOLD_STATE_DIR = """
     import sys
-    from supervisor.state import StateDirLock
+    from supervisor.shell.statedir import StateDirLock
     lock = StateDirLock(sys.argv[1])
     lock.acquire()
     lock.publish(status_port=8077)
@@ -141,7 +141,7 @@ def test_second_guard_on_a_state_dir_is_refused_naming_the_first(tmp_path):
 TAKE_TURN = """
     import json, sys, time
     from pathlib import Path
-    from supervisor.state import gpu_turn
+    from supervisor.shell.statedir import gpu_turn
     key, log, name, release = sys.argv[1:5]
     def note(event):
         with open(log, "a") as f:
@@ -289,9 +289,9 @@ def test_gpu_lock_dir_is_shared_and_writable():
 
 
 def test_guards_turn_logs_the_wait_times_out_as_tempfail_and_releases_early(gpu_key):
-    from supervisor import startup
+    from supervisor.shell import startup
     from supervisor.config import GuardConfig
-    from supervisor.guard import Guard
+    from supervisor.shell.guard import Guard
 
     g = Guard(GuardConfig(model="m", startup_timeout=0.4), environ={})
     g.env_start.gpu_key = gpu_key

@@ -12,10 +12,12 @@ import sys
 
 import pytest
 
-from supervisor import auth, cli_client, status
+from supervisor.shell import auth
+from supervisor.cli import client as cli_client
+from supervisor.shell import status_server as status
 from supervisor.config import ConfigError
-from supervisor.metrics import Metrics
-from supervisor.status import StatusServer
+from supervisor.shell.metrics import Metrics
+from supervisor.shell.status_server import StatusServer
 
 SNAP = {
     "state": "healthy",

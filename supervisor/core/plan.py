@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from supervisor.flags import Flags
-from supervisor.gpu import GpuDevice, fp8_kv_supported
-from supervisor.modelinfo import ModelInfo, derive_max_model_len, parse_version
+from supervisor.core.flags import Flags
+from supervisor.facts.nvml import GpuDevice, fp8_kv_supported
+from supervisor.core.model import ModelInfo, derive_max_model_len, parse_version
 
 GiB = 1 << 30
 _FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8")

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.state import ensure_dir, read_json, write_json
+from supervisor.shell.statedir import ensure_dir, read_json, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
 LAUNCH_FILE = "launch.json"

@@ -1,7 +1,7 @@
 """``vllm-guard diagnose [--json] [--flags ARGS] [--model M] [--gpu-total-gib G] FILE...``: name the
 failure in saved vLLM logs.
 
-The same :class:`~supervisor.diagnosis.Classifier` the daemon runs on live output reads each file
+The same :class:`~supervisor.core.classifier.Classifier` the daemon runs on live output reads each file
 (``-`` is standard input) as bytes, in bounded chunks, so a bad encoding or a huge file never
 stops it. Exit 0 when every file was read, whatever it holds; 2 when one could not be read (the
 others are still diagnosed).
@@ -15,8 +15,8 @@ import math
 import sys
 from typing import IO, Any, Iterator
 
-from supervisor.diagnosis import Classifier
-from supervisor.model import Diagnosis, Kind
+from supervisor.core.classifier import Classifier
+from supervisor.core.diagnosis import Diagnosis, Kind
 
 EXIT_OK, EXIT_UNREADABLE = 0, 2
 _CHUNK = 1 << 20        # read 1 MiB at a time
@@ -109,9 +109,9 @@ def _facts(args: argparse.Namespace) -> dict[str, Any]:
                              "gpu_free_gib": getattr(args, "gpu_free_gib", None)}
     if not model:
         return facts
-    from supervisor.flags import Flags
-    from supervisor.modelinfo import load_model_info
-    from supervisor.plan import Sizing
+    from supervisor.core.flags import Flags
+    from supervisor.core.model import load_model_info
+    from supervisor.core.plan import Sizing
 
     try:
         info = load_model_info(model, online=False)
@@ -132,7 +132,7 @@ def _facts(args: argparse.Namespace) -> dict[str, Any]:
 
 def _suggest(diagnosis: Diagnosis, flags: str | None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
-        from supervisor.remedy import suggest
+        from supervisor.core.remedy import suggest
     except ImportError:   # the remedy module is optional for offline diagnosis
         suggest = None
     if suggest is not None:
@@ -171,7 +171,7 @@ def _as_text(name: str, d: Diagnosis, remedy: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":   # handy while developing: python -m supervisor.cli_diagnose FILE
+if __name__ == "__main__":   # handy while developing: python -m supervisor.cli.diagnose FILE
     parser = argparse.ArgumentParser(prog="vllm-guard")
     add_parser(parser.add_subparsers())
     ns = parser.parse_args(["diagnose", *sys.argv[1:]])

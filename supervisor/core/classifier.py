@@ -1,6 +1,6 @@
 """Name what ended a vLLM launch from its output: one pure classifier for the daemon and ``diagnose``.
 
-Pure: lines in, :class:`~supervisor.model.Diagnosis` out; no I/O, no clock. The texts matched here
+Pure: lines in, :class:`~supervisor.core.diagnosis.Diagnosis` out; no I/O, no clock. The texts matched here
 come from ``research/vllm-failures.md`` (vLLM 0.2 to 0.33). Every line is first normalised (ANSI
 colour, ``\\r``, docker/process/rank prefixes and the log header removed), then checked against a
 cheap substring prefilter before any regular expression runs, because the daemon pushes every line
@@ -24,8 +24,8 @@ import re
 from collections import deque
 from typing import Any, Iterable
 
-from supervisor.model import PHASES, Diagnosis, Kind
-from supervisor.patterns import (_CAPTURE, _CUDA, _FRAME_PHASE, _KEYS, _MILESTONE_PREFIXES,
+from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
+from supervisor.core.messages import (_CAPTURE, _CUDA, _FRAME_PHASE, _KEYS, _MILESTONE_PREFIXES,
                                  _MILESTONES, _OOM, _RULES, _RX_LOGO, _info_numbers)
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}

@@ -17,8 +17,10 @@ from typing import Any, Mapping, TextIO
 
 import httpx
 
-from supervisor import auth, config, status
-from supervisor.health import probe_host
+from supervisor.shell import auth
+from supervisor import config
+from supervisor.shell import status_server as status
+from supervisor.shell.probe import probe_host
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 EXIT_OK = 0

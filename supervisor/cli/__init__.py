@@ -28,8 +28,9 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_start(args: argparse.Namespace) -> int:
-    from supervisor import config, logs
-    from supervisor.guard import Guard, vllm_endpoint
+    from supervisor import config
+    from supervisor.shell import logs
+    from supervisor.shell.guard import Guard, vllm_endpoint
 
     try:
         cfg = config.resolve(args, os.environ)
@@ -39,7 +40,7 @@ def _run_start(args: argparse.Namespace) -> int:
         return 78
     live = None
     if not cfg.quiet and sys.stderr.isatty():
-        from supervisor.live import LiveLine, proxy
+        from supervisor.shell.live import LiveLine, proxy
 
         live = LiveLine(sys.stderr)
         logs.configure_logging(level=getattr(args, "log_level", None) or "info", stream=proxy(live))
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-guard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_start(sub)
-    from supervisor import cli_diagnose, cli_plan
+    from supervisor.cli import diagnose as cli_diagnose
+    from supervisor.cli import plan as cli_plan
 
     cli_diagnose.add_parser(sub)
     cli_plan.add_parser(sub)
@@ -68,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_clients(sub: argparse._SubParsersAction) -> None:
-    from supervisor import cli_client
+    from supervisor.cli import client as cli_client
 
     helps = {"status": "show the running guard's state (--json for everything)",
              "restart": "relaunch vLLM now (--reset: with the flags you asked for)",

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
-from supervisor.modelinfo import parse_version
+from supervisor.core.model import parse_version
 
 # stdlib logging, not print-to-stdout: `plan --json` owns stdout.
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any, Mapping, TextIO
 
 import structlog
 
-from supervisor import auth
+from supervisor.shell import auth
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR, "critical": logging.CRITICAL}

@@ -19,15 +19,19 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import structlog
 import tenacity
 
-from supervisor import auth, config, procs, state, vllm_version
+from supervisor.shell import auth
+from supervisor import config
+from supervisor.shell import procs
+from supervisor.shell import statedir as state
+from supervisor.facts import vllm_install as vllm_version
 from supervisor.config import BackoffConfig, ConfigError
-from supervisor.flags import Flags
-from supervisor.plan import AUTO_FIT_SINCE
-from supervisor.remedy import EX_CONFIG, EX_TEMPFAIL
+from supervisor.core.flags import Flags
+from supervisor.core.plan import AUTO_FIT_SINCE
+from supervisor.core.remedy import EX_CONFIG, EX_TEMPFAIL
 
 if TYPE_CHECKING:
-    from supervisor.guard import Guard
-    from supervisor.launch import LaunchResult
+    from supervisor.shell.guard import Guard
+    from supervisor.shell.launch import LaunchResult
 
 log = structlog.get_logger("vllm-guard")
 
@@ -109,8 +113,8 @@ def _check_port(g: "Guard") -> None:
 
 
 def _start_status(g: "Guard") -> None:
-    from supervisor.metrics import Metrics
-    from supervisor.sdnotify import Notifier
+    from supervisor.shell.metrics import Metrics
+    from supervisor.shell.sdnotify import Notifier
 
     cfg = g.cfg
     g.metrics = Metrics()
@@ -118,7 +122,7 @@ def _start_status(g: "Guard") -> None:
     if cfg.status.port <= 0:          # 0 disables the status endpoint
         log.info("status endpoint disabled (status.port = 0)")
         return
-    from supervisor.status import StatusServer, StatusServerError
+    from supervisor.shell.status_server import StatusServer, StatusServerError
 
     token, generated, explicit = auth.resolve_token(g.env_start.state_dir, cfg.status.token_file,
                                                     g.environ)
@@ -138,7 +142,7 @@ def _start_status(g: "Guard") -> None:
 
 
 def _gpu_facts(g: "Guard") -> None:
-    from supervisor import gpu
+    from supervisor.facts import nvml as gpu
 
     env = g.env_start
     provider = g.gpu_provider
@@ -154,7 +158,7 @@ def _gpu_facts(g: "Guard") -> None:
             g.block_size = 128        # vLLM's CPU backend; it never prints its block size
         return
     ranks = g.requested.world_size()
-    from supervisor.plan import check_gpu_count, sizing_device
+    from supervisor.core.plan import check_gpu_count, sizing_device
 
     multi_node = g.requested.get("--distributed-executor-backend") == "ray" or \
         (g.requested.get_int("--nnodes") or 1) > 1
@@ -202,7 +206,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     if not env.model_info_read:     # once: it may ask the Hub (a few seconds at most)
         env.model_info_read = True
         try:
-            from supervisor.modelinfo import load_model_info
+            from supervisor.core.model import load_model_info
 
             env.model_info = load_model_info(cfg.model)
         except Exception as e:  # a broken config.json must not stop the guard
@@ -210,14 +214,14 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     info = env.model_info
     if info is not None:
         try:
-            from supervisor.modelinfo import derive_max_model_len
+            from supervisor.core.model import derive_max_model_len
 
             env.derived_max_model_len = derive_max_model_len(info, g.vllm_version)
         except Exception:
             env.derived_max_model_len = None
         env.sizing = _sizing(g, info)
     if env.devices:
-        from supervisor.gpu import fp8_kv_supported
+        from supervisor.facts.nvml import fp8_kv_supported
 
         env.fp8_supported = all(fp8_kv_supported(d.compute_capability, g.vllm_version,
                                                  bool(getattr(info, "mla", False)))
@@ -266,7 +270,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
     changes = {k: "(on)" if v is None else v for k, v in fl.flags.items()}
     if fl.expect:
         # The plan foresees a failure no length avoids: take the remedy's step now, not after it.
-        from supervisor.remedy import plan_ahead
+        from supervisor.core.remedy import plan_ahead
 
         ahead = plan_ahead(fl.expect, flags, g.remedy_context())
         if ahead is not None:
@@ -282,7 +286,7 @@ def _choose_first_flags(g: "Guard", use_store: bool = True) -> None:
 
 
 def _sizing(g: "Guard", info: Any) -> Any:
-    from supervisor.plan import Sizing
+    from supervisor.core.plan import Sizing
 
     env, cfg = g.env_start, g.cfg
     # no GPU visible to NVML (a container without the library ...): trust the requested parallelism
@@ -304,20 +308,20 @@ def cpu_kv_space_gib(g: "Guard") -> float | None:
 
 
 def _note(value: str | None, was: str | None, why: str, source: str) -> Any:
-    from supervisor.guard import FlagNote
+    from supervisor.shell.guard import FlagNote
 
     return FlagNote(value, was, why, source)
 
 
 def _note_differences(g: "Guard", flags: Flags, reasons: dict[str, str], source: str) -> None:
-    from supervisor.flags import diff
+    from supervisor.core.flags import diff
 
     for k, (was, now) in diff(g.requested, flags).items():
         g.notes[k] = _note(now, was, reasons.get(k, "learned from an earlier healthy launch"), source)
 
 
 def _version_at_least(g: "Guard", v: tuple[int, ...]) -> bool:
-    from supervisor.remedy import version_tuple
+    from supervisor.core.remedy import version_tuple
 
     have = version_tuple(g.vllm_version)
     return have is not None and have >= v
@@ -326,8 +330,8 @@ def _version_at_least(g: "Guard", v: tuple[int, ...]) -> bool:
 def drop_removed(g: "Guard", flags: Flags) -> Flags:
     """Flags the known vLLM version no longer accepts are dropped before launching, with the reason
     (a flag from an older vLLM is the commonest upgrade failure: "unrecognized arguments")."""
-    from supervisor.flags import removed_flag
-    from supervisor.model import parse_version
+    from supervisor.core.flags import removed_flag
+    from supervisor.core.diagnosis import parse_version
 
     version = parse_version(g.vllm_version)
     for name in flags.names():
@@ -404,7 +408,7 @@ async def wait_gpu_released(g: "Guard", timeout: float = 60.0) -> None:
     provider, env = g.gpu_provider, g.env_start
     if provider is None or not env.devices:
         return
-    from supervisor import gpu
+    from supervisor.facts import nvml as gpu
 
     deadline = time.monotonic() + timeout
     indexes = {d.index for d in env.devices}
@@ -430,7 +434,7 @@ def _is_ours(pid: int, state_dir: str) -> bool:
 
 async def shutdown(g: "Guard") -> None:
     """Stop the child (if any), close the endpoint, tell systemd, release the state dir."""
-    from supervisor.lifecycle import State
+    from supervisor.core.lifecycle import State
 
     if g.notifier is not None:
         g.notifier.stopping()

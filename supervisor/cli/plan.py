@@ -12,10 +12,10 @@ import os
 import sys
 from typing import Any, Sequence
 
-from supervisor import plan as P
-from supervisor.flags import Flags
-from supervisor.gpu import NvmlProvider, fp8_kv_supported, visible
-from supervisor.modelinfo import ModelInfo, derive_max_model_len, load_model_info, parse_version
+from supervisor.core import plan as P
+from supervisor.core.flags import Flags
+from supervisor.facts.nvml import NvmlProvider, fp8_kv_supported, visible
+from supervisor.core.model import ModelInfo, derive_max_model_len, load_model_info, parse_version
 
 GiB = P.GiB
 UTILIZATIONS = (0.80, 0.85, 0.90, 0.95)
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         assert dev is not None
         total, free, gpus, name = dev.total_bytes, dev.free_bytes, len(devices), dev.name
         cc = cc or dev.compute_capability
-    from supervisor.flags import parse_int
+    from supervisor.core.flags import parse_int
 
     plan = build_plan(info, gpu_total_bytes=total, gpu_free_bytes=free, gpus=gpus, tp=tp, pp=pp,
                       utilization=args.gpu_memory_utilization, max_model_len=parse_int(args.max_model_len),
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry: ``python -m supervisor.cli_plan MODEL ...``."""
+    """Standalone entry: ``python -m supervisor.cli.plan MODEL ...``."""
     parser = argparse.ArgumentParser(prog="vllm-guard plan", description=__doc__.splitlines()[0])
     _arguments(parser)
     return run(parser.parse_args(argv))

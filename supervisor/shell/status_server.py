@@ -23,8 +23,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
-from supervisor import __version__, auth
-from supervisor.metrics import Metrics
+from supervisor import __version__
+from supervisor.shell import auth
+from supervisor.shell.metrics import Metrics
 
 log = structlog.get_logger("vllm_guard.status")
 

@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import Callable, Mapping, Sequence
 
-from supervisor import procs
+from supervisor.shell import procs
 
 MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
 CHUNK = 64 * 1024

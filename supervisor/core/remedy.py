@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import RemedyConfig
-from supervisor.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
-from supervisor.model import Diagnosis, Kind, parse_version
-from supervisor.plan import (CHUNKED, CUDA_CONTEXT_BYTES, GiB, Sizing, batch_defaults, kv_bytes_per_token,
+from supervisor.core.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
+from supervisor.core.diagnosis import Diagnosis, Kind, parse_version
+from supervisor.core.plan import (CHUNKED, CUDA_CONTEXT_BYTES, GiB, Sizing, batch_defaults, kv_bytes_per_token,
                              utilization_under_free, v0_chunked_gain_tokens)
 
 EX_CONFIG = 78      # not healable by flags: a person must change something

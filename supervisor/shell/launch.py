@@ -1,6 +1,6 @@
 """One launch of vLLM, watched to its end: failed start, healthy then died, hung, or stopped by us.
 
-The shell around :class:`supervisor.child.Child`: feeds every line to the classifier, probes
+The shell around :class:`supervisor.shell.child.Child`: feeds every line to the classifier, probes
 health without ever blocking the loop, notices a dead engine process while the API server
 lingers, and applies the start-up, stall and collection deadlines. The decision of what to do
 next belongs to the guard (and the pure remedy policy), not here.
@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from supervisor.child import Child
-from supervisor.diagnosis import Classifier, check_auto_fit
-from supervisor.health import Prober, ProbeResult
-from supervisor.model import Diagnosis, Kind
+from supervisor.shell.child import Child
+from supervisor.core.classifier import Classifier, check_auto_fit
+from supervisor.shell.probe import Prober, ProbeResult
+from supervisor.core.diagnosis import Diagnosis, Kind
 
 # How a launch ended.
 FAILED = "failed"          # never became healthy

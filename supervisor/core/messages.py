@@ -1,7 +1,7 @@
 """The texts vLLM prints, as data: the failure rules, the start-up milestones, the traceback frames
 that place an OOM, and the extractors that read numbers out of a message.
 
-Pure, and separate from the classifier's mechanics (:mod:`supervisor.diagnosis`) so the table of
+Pure, and separate from the classifier's mechanics (:mod:`supervisor.core.classifier`) so the table of
 what vLLM says (research ``vllm-failures.md``, 0.2 to 0.33) reads on its own.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from supervisor.flags import parse_int
-from supervisor.model import Kind
+from supervisor.core.flags import parse_int
+from supervisor.core.diagnosis import Kind
 
 # --------------------------------------------------------------------------- numbers
 _F = r"(-?\d+(?:\.\d+)?)"

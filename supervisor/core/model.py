@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.model import parse_version  # re-exported for the plan and gpu modules
+from supervisor.core.diagnosis import parse_version  # re-exported for the plan and gpu modules
 
 #: config.json dtype names -> bytes per element.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8,

@@ -1,6 +1,6 @@
 """Seconds each launch costs, by the phase it reached: published vLLM start-up figures.
 
-Sources (/work/shared/research/anchors.md §4, "Published numbers"):
+Sources (published vLLM start-up figures, see docs/benchmarks.md):
 
 * BOOTSTRAP_S 16: container start to engine config, vllm#44881 (Qwen3.6-35B, RTX 5090).
 * WEIGHTS_GIB_PER_S 1.21: 21.8 GiB of weights loaded in 18 s, vllm#44881 (per rank: ranks load in parallel).

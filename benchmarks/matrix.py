@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from supervisor.core.flags import Flags
-from supervisor.facts.nvml import fp8_kv_supported
-from supervisor.core.model import ModelInfo, derive_max_model_len, load_model_info, parse_version
-from supervisor.core.plan import kv_bytes_per_token
+from supervisor.core.memory import kv_bytes_per_token
+from supervisor.core.model import ModelInfo, derive_max_model_len
+from supervisor.core.vllm import fp8_kv_supported, parse_version
+from supervisor.facts.model_files import load_model_info
 
 from benchmarks.render import CONTEXT_GIB, emu, simulate
 

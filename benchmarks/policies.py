@@ -1,25 +1,23 @@
 """Relaunch policies run launch by launch against the emulator: vllm-guard and the baselines.
 
-vllm-guard is not re-implemented: each failed launch is rendered as vLLM's real output
-(:mod:`benchmarks.render`), classified by :func:`supervisor.core.classifier.Classifier`, and the next
-flags come from :func:`supervisor.core.remedy.decide`, with the loop state of ``Guard._supervise``
-(tried steps, previous diagnoses, at most ``max_launches`` launches). "With plan" takes the first
-flags from :func:`supervisor.core.plan.first_launch` the way ``startup._choose_first_flags`` does.
+vllm-guard is not re-implemented: its row runs the daemon's own
+:class:`~supervisor.core.session.Session` (first launch, every relaunch, giving up), fed the facts
+the daemon's shell would gather for the case. Each launch is rendered as vLLM's real output
+(:mod:`benchmarks.render`) and classified by :class:`supervisor.core.classifier.Classifier`.
+"With plan" is the daemon's default; without it, planning is off (``--no-plan``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from supervisor.config import GuardConfig
-from supervisor.core.classifier import Classifier, check_auto_fit
+from supervisor.core.classifier import Classifier
 from supervisor.core.flags import Flags
-from supervisor.facts.nvml import fp8_kv_supported
-from supervisor.core.diagnosis import Diagnosis
-from supervisor.core.model import derive_max_model_len
-from supervisor.core.plan import Sizing
-from supervisor.core.remedy import Context, GiveUp, decide, plan_ahead
+from supervisor.core.gpus import GpuDevice
+from supervisor.core import session as daemon
 
 from benchmarks.matrix import GiB, Case, model_info, model_spec
 from benchmarks.render import emu, render
@@ -132,89 +130,53 @@ def nvml_free_gib(case: Case) -> float:
     return case.gpu.total_gib - case.gpu.other_gib
 
 
-def sizing(case: Case) -> Sizing:
-    """The model's and GPUs' facts as ``startup._sizing`` gathers them (config.json, NVML)."""
-    cfg = GuardConfig()
-    return Sizing(model_info(case.model.path), gpus=case.gpu.count, vllm_version=case.version,
-                  margin=cfg.plan.margin, min_model_len=cfg.remedies.min_model_len, platform="cuda",
-                  compute_capability=case.gpu.cc, device_name=case.gpu.name,
-                  utilization_margin=cfg.remedies.utilization_margin)
+def facts(case: Case) -> daemon.Facts:
+    """What the daemon's shell gathers for this case (NVML, the installed vLLM, config.json)."""
+    total = int(case.gpu.total_gib * GiB)
+    free = int(nvml_free_gib(case) * GiB)
+    devices = tuple(GpuDevice(i, case.gpu.name, total, total - free, free, case.gpu.cc, ())
+                    for i in range(case.gpu.count))
+    return daemon.Facts(platform="cuda", devices=devices, free_gib=nvml_free_gib(case), total_gib=case.gpu.total_gib,
+                 vllm_version=case.version, model=model_info(case.model.path))
 
 
-def context(case: Case, version: str | None = None, block: int | None = None, **loop_state) -> Context:
-    """What ``Guard.remedy_context`` hands the policy: start-up facts plus the loop's state."""
-    cfg = GuardConfig()
-    info = model_info(case.model.path)
-    version = version or case.version
-    return Context(requested=case.requested, rules=cfg.remedies, gpu_free_gib=nvml_free_gib(case),
-                   gpu_total_gib=case.gpu.total_gib, vllm_version=version, block_size=block,
-                   derived_max_model_len=derive_max_model_len(info, version),
-                   fp8_supported=fp8_kv_supported(case.gpu.cc, version, info.mla), sizing=sizing(case),
-                   **loop_state)
-
-
-def planned_flags(case: Case) -> Flags:
-    """The guard's first launch with its plan (``startup._choose_first_flags``)."""
-    fl = sizing(case).first_launch(case.requested, total_bytes=int(case.gpu.total_gib * GiB),
-                                   free_bytes=int(nvml_free_gib(case) * GiB))
-    flags = case.requested
-    for k, v in fl.flags.items():
-        flags = flags.set(k, v)
-    if fl.expect:
-        ahead = plan_ahead(fl.expect, flags, context(case))
-        if ahead is not None:
-            flags = ahead.flags
-    return flags
+def session(case: Case, plan: bool) -> daemon.Session:
+    """The daemon's session for this case: its default config, the case's flags, planning on or off."""
+    cfg = GuardConfig(model=case.model.name, vllm_args=tuple(case.requested.argv()))
+    cfg = replace(cfg, plan=replace(cfg.plan, enabled=plan, learn=False))
+    return daemon.Session(cfg, facts(case), rng=random.Random(0))
 
 
 def run_guard(case: Case, plan: bool) -> Run:
-    """vllm-guard's loop (``Guard._supervise``) on one case, the GPU known from NVML."""
-    cfg = GuardConfig()
+    """vllm-guard on one case: the daemon's own session decides every launch; the emulator is vLLM."""
     run = Run("vllm-guard + plan" if plan else "vllm-guard")
-    flags = planned_flags(case) if plan else case.requested
-    tried: list[str] = []
-    previous: list[Diagnosis] = []
-    version: str | None = case.version       # startup.detect_version reads it from the package
-    block: int | None = None
-    port_failures = 0
-    while True:
+    s = session(case, plan)
+    step: daemon.Step | None = s.first_launch()
+    while isinstance(step, daemon.Launch):
+        flags, _ = s.launching()
         launch, r = _launch(case, flags)
         run.launches.append(launch)
         classifier = Classifier()
         for line in r.lines:
             classifier.feed(line)
         d = classifier.diagnose(r.exit_code)
-        numbers = classifier.numbers
-        if flags.get(MML) in ("auto", "-1"):      # the launch watcher holds auto-fit to its bounds
-            bounded = check_auto_fit(numbers, classifier.phase, floor=cfg.remedies.min_model_len,
-                                     cap=case.requested.get_int(MML))
-            if bounded is not None:
-                d, launch.ok = bounded, False
+        bounded = s.check_auto_fit(classifier.numbers, classifier.phase)
+        if bounded is not None:          # the launch watcher stops a launch outside the guard's bounds
+            d, launch.ok = bounded, False
         launch.diagnosis = f"{d.kind.value}: {d.evidence}"
-        version = numbers.get("vllm_version") or version
-        block = numbers.get("block_size") or block
         if launch.ok:            # the guard's probe would pass: a chat completion answers
+            s.healthy(classifier.numbers, 0.0)
             run.served_len = r.outcome.served_max_model_len
             return run
-        ctx = context(case, version, block, tried=tuple(tried), previous=tuple(previous),
-                      port_failures=port_failures)
-        decision = decide(d, flags, ctx)
-        if isinstance(decision, GiveUp):
-            run.gave_up = f"gave up: {decision.reason}"
-            launch.decision = run.gave_up
-            return run
-        if len(run.launches) >= cfg.max_launches:
-            run.gave_up = f"{cfg.max_launches} launches in a row failed"
-            launch.decision = f"(would relaunch: {' '.join(decision.flags.argv())})"
-            return run
-        tried.append(decision.step)
-        previous.append(d)
-        if decision.step == "port_retry":
-            port_failures += 1
-        launch.decision = (f"{decision.step}: " + ", ".join(
-            f"{c.flag} {c.old if c.old is not None else '(unset)'} -> {c.new or '(on)'}"
-            for c in decision.changes)) if decision.changes else f"{decision.step}: same flags"
-        flags = decision.flags
+        step = s.ended(daemon.Outcome(daemon.FAILED, d, exit_code=r.exit_code))
+        if isinstance(step, daemon.Launch):
+            launch.decision = (f"{step.step}: " + ", ".join(
+                f"{c.flag} {c.old if c.old is not None else '(unset)'} -> {c.new or '(on)'}"
+                for c in step.changes)) if step.changes else f"{step.step}: same flags"
+    assert isinstance(step, daemon.End)
+    run.gave_up = f"gave up: {step.reason}"
+    run.launches[-1].decision = run.gave_up
+    return run
 
 
 POLICIES = ("vllm-guard + plan", "vllm-guard", "plain restart", "halving ladder", "Ollama ladder",

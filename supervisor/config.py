@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from supervisor.core.flags import Flags
+from supervisor.errors import ConfigError
 
+__all__ = ["ConfigError", "GuardConfig", "resolve"]
 
-class ConfigError(Exception):
-    """A setting is missing, unknown or invalid; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,29 @@ class GuardConfig:
     backoff: BackoffConfig = field(default_factory=BackoffConfig)
     remedies: RemedyConfig = field(default_factory=RemedyConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+
+    @property
+    def vllm_argv(self) -> list[str]:
+        """``vllm_command`` as argv (it was checked to split when the config was loaded)."""
+        return shlex.split(self.vllm_command)
+
+    def endpoint(self) -> tuple[str, int]:
+        """Where vLLM will listen: ``--host``/``--port`` among the vLLM args win over ``host``/``port``."""
+        flags = Flags.parse(list(self.vllm_args))
+        port = flags.get("--port")
+        if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"--port {port!r} in the vLLM arguments is not a port number")
+        return flags.get("--host") or self.host, int(port) if port else self.port
+
+    def launch_argv(self, flags: Flags) -> list[str]:
+        """The whole vLLM command line for ``flags``: the command, the model, host and port, the rest."""
+        host, port = self.endpoint()
+        rest = flags
+        for name in ("--host", "--port", "--model"):
+            rest = rest.remove(name)
+        cmd = self.vllm_argv
+        model = [self.model] if cmd and cmd[-1] == "serve" else ["--model", self.model]
+        return cmd + model + ["--host", host, "--port", str(port)] + rest.argv()
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ failure in saved vLLM logs.
 
 The same :class:`~supervisor.core.classifier.Classifier` the daemon runs on live output reads each file
 (``-`` is standard input) as bytes, in bounded chunks, so a bad encoding or a huge file never
-stops it. Exit 0 when every file was read, whatever it holds; 2 when one could not be read (the
-others are still diagnosed).
+stops it; the same :class:`~supervisor.core.session.Session` the daemon asks says what it would do
+next, as if the log were its first launch with ``--flags``. Exit 0 when every file was read,
+whatever it holds; 2 when one could not be read (the others are still diagnosed).
 """
 
 from __future__ import annotations
@@ -12,13 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 from typing import IO, Any, Iterator
 
+from supervisor.config import GuardConfig, PlanConfig
 from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.flags import Flags
+from supervisor.core.model import ModelInfo
+from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
+from supervisor.errors import EX_OK, EX_USAGE
+from supervisor.facts.model_files import load_model_info
 
-EXIT_OK, EXIT_UNREADABLE = 0, 2
 _CHUNK = 1 << 20        # read 1 MiB at a time
 _MAX_LINE = 4 << 20     # a "line" with no newline in 4 MiB is handed over as it is
 
@@ -54,16 +61,16 @@ def _gib(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose every file; print one report (or JSON line) each."""
-    status = EXIT_OK
-    facts = _facts(args)
+    status = EX_OK
+    model = _model(getattr(args, "model", None))
     for name in args.files:
         try:
             diagnosis = _diagnose_file(name, getattr(args, "exit_code", None))
         except OSError as e:
             print(f"vllm-guard diagnose: {name}: {e.strerror or e}", file=sys.stderr)
-            status = EXIT_UNREADABLE
+            status = EX_USAGE
             continue
-        remedy = _suggest(diagnosis, getattr(args, "flags", None), facts)
+        remedy = _next_step(diagnosis, args, model)
         if args.json:
             print(json.dumps(_as_json(name, diagnosis, remedy), ensure_ascii=False), flush=True)
         else:
@@ -102,46 +109,42 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def _facts(args: argparse.Namespace) -> dict[str, Any]:
-    """The model's facts and the GPU's memory the daemon would have had (``--model``, ``--gpu-*``)."""
-    model = getattr(args, "model", None)
-    facts: dict[str, Any] = {"gpu_total_gib": getattr(args, "gpu_total_gib", None),
-                             "gpu_free_gib": getattr(args, "gpu_free_gib", None)}
-    if not model:
-        return facts
-    from supervisor.core.flags import Flags
-    from supervisor.core.model import load_model_info
-    from supervisor.core.plan import Sizing
-
+def _model(name: str | None) -> ModelInfo | None:
+    """The model's facts for ``--model`` (local or cached only), or None with a note why."""
+    if not name:
+        return None
     try:
-        info = load_model_info(model, online=False)
+        info = load_model_info(name, online=False)
     except Exception as e:  # noqa: BLE001 - a broken config.json must not hide the diagnosis
-        print(f"vllm-guard diagnose: {model}: {type(e).__name__}: {e}", file=sys.stderr)
-        info = None
+        print(f"vllm-guard diagnose: {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
     if info is None:
-        print(f"vllm-guard diagnose: no config.json found for {model}; sizing from the log alone",
-              file=sys.stderr)
-        return facts
-    try:
-        gpus = Flags.parse(getattr(args, "flags", None) or "").world_size()
-    except ValueError:       # unparseable --flags: the remedy step reports it
-        gpus = 1
-    facts["sizing"] = Sizing(info, gpus=gpus)
-    return facts
+        print(f"vllm-guard diagnose: no config.json found for {name}; sizing from the log alone", file=sys.stderr)
+    return info
 
 
-def _suggest(diagnosis: Diagnosis, flags: str | None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def _next_step(d: Diagnosis, args: argparse.Namespace, model: ModelInfo | None) -> dict[str, Any]:
+    """What the daemon would do after this failure: the session itself, fed the log's launch as its first."""
+    if not d.names_a_failure:
+        return {"healable": False, "flags": {}, "why": "no failure found"}
     try:
-        from supervisor.core.remedy import suggest
-    except ImportError:   # the remedy module is optional for offline diagnosis
-        suggest = None
-    if suggest is not None:
-        try:
-            return suggest(diagnosis, flags, **(facts or {}))
-        except Exception as e:  # noqa: BLE001 - a remedy bug must not hide the diagnosis
-            print(f"vllm-guard diagnose: no remedy ({type(e).__name__}: {e})", file=sys.stderr)
-    healable = diagnosis.kind not in (Kind.CONFIG_ERROR, Kind.HEALTHY)
-    return {"healable": healable, "flags": {}, "why": ""}
+        flags = Flags.parse(getattr(args, "flags", None) or "")
+    except ValueError as e:
+        return {"healable": False, "flags": {}, "why": f"--flags cannot be parsed: {e}"}
+    cfg = GuardConfig(model=getattr(args, "model", None) or "model", vllm_args=tuple(flags.argv()),
+                      plan=PlanConfig(enabled=False, learn=False))
+    facts = Facts(model=model, total_gib=getattr(args, "gpu_total_gib", None),
+                  free_gib=getattr(args, "gpu_free_gib", None), vllm_version=d.numbers.get("vllm_version"))
+    session = Session(cfg, facts, rng=random.Random(0))
+    session.first_launch()
+    session.launching()
+    step = session.ended(Outcome(FAILED, d, exit_code=getattr(args, "exit_code", None)))
+    if isinstance(step, End):
+        return {"healable": False, "flags": {}, "why": step.reason, "advice": step.advice,
+                "exit_code": step.exit_code}
+    assert isinstance(step, Launch)
+    return {"healable": True, "flags": {c.flag: c.new for c in step.changes}, "why": step.why,
+            **({"delay_s": round(step.delay, 1)} if step.delay else {})}
 
 
 def _as_json(name: str, d: Diagnosis, remedy: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +157,7 @@ def _as_json(name: str, d: Diagnosis, remedy: dict[str, Any]) -> dict[str, Any]:
 
 
 def _as_text(name: str, d: Diagnosis, remedy: dict[str, Any]) -> str:
-    verdict = "healthy" if d.kind is Kind.HEALTHY else (
+    verdict = d.kind.value if not d.names_a_failure else (
         f"{d.kind.value} ({'healable' if remedy.get('healable') else 'not healable'}, during {d.phase})")
     out = [f"{name}: {verdict}", f"  {d.detail}"]
     if d.evidence:

@@ -12,15 +12,18 @@ import os
 import sys
 from typing import Any, Sequence
 
-from supervisor.core import plan as P
-from supervisor.core.flags import Flags
-from supervisor.facts.nvml import NvmlProvider, fp8_kv_supported, visible
-from supervisor.core.model import ModelInfo, derive_max_model_len, load_model_info, parse_version
-
-GiB = P.GiB
+from supervisor.core import memory as M
+from supervisor.core import vllm
+from supervisor.core.flags import Flags, parse_int
+from supervisor.core.gpus import check_gpu_count, sizing_device, visible
+from supervisor.core.model import ModelInfo, derive_max_model_len
+from supervisor.core.plan import fit_launch
+from supervisor.core.units import GiB
+from supervisor.errors import EX_OK, EX_USAGE
+from supervisor.facts.model_files import load_model_info
+from supervisor.facts.nvml import NvmlProvider
 UTILIZATIONS = (0.80, 0.85, 0.90, 0.95)
 CONTEXTS = (4096, 8192, 32768)
-EXIT_USAGE = 2
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,28 +70,28 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
     free = gpu_total_bytes if gpu_free_bytes is None else gpu_free_bytes
     derived = derive_max_model_len(info, vllm_version)
     target = max_model_len or derived
-    default_u = P.default_utilization(vllm_version)
+    default_u = vllm.default_utilization(vllm_version)
     if platform == "cpu" and cpu_kv_space_gib is not None:
         utils = [utilization or default_u]      # the KV size is fixed; utilization does not move it
     else:
         utils = sorted({*UTILIZATIONS, utilization or default_u})
-    fp8_ok = (fp8_kv_supported(compute_capability, vllm_version, info.mla)
+    fp8_ok = (vllm.fp8_kv_supported(compute_capability, vllm_version, info.mla)
               if compute_capability and platform != "cpu" else None)
     dtypes = [kv_cache_dtype] + (["fp8"] if kv_cache_dtype == "auto" and platform != "cpu" else [])
-    block = P.default_block_size(info, platform=platform, compute_capability=compute_capability,
+    block = vllm.default_block_size(mla=info.mla, platform=platform, compute_capability=compute_capability,
                                  vllm_version=vllm_version)
-    tokens = P.batch_defaults(gpu_total_bytes, vllm_version=vllm_version, platform=platform,
+    tokens = vllm.batch_defaults(gpu_total_bytes, vllm_version=vllm_version, platform=platform,
                               device_name=device_name, max_model_len=target)[0]
     rows = []
     for u in utils:
-        b = P.kv_budget(info, gpu_total_bytes=gpu_total_bytes, utilization=u, tp=tp, pp=pp,
+        b = M.kv_budget(info, gpu_total_bytes=gpu_total_bytes, utilization=u, tp=tp, pp=pp,
                         vllm_version=vllm_version, enforce_eager=enforce_eager, max_model_len=target,
                         other_used_bytes=max(0, gpu_total_bytes - free), platform=platform,
                         cpu_kv_space_gib=cpu_kv_space_gib, device_name=device_name)
         for d in dtypes:
             kw = dict(tp=tp, pp=pp, kv_cache_dtype=d, block_size=block, vllm_version=vllm_version,
                       max_num_batched_tokens=tokens)
-            capacity = P.fit_max_model_len(b.kv_bytes, info, **kw)
+            capacity = M.fit_max_model_len(b.kv_bytes, info, **kw)
             fit = min(capacity, target)
             lengths = [*contexts, fit] if fit else list(contexts)
             rows.append({
@@ -100,8 +103,8 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
                 "fits_target": fit >= target,
                 # V1 >= 0.9.1 refuses to start when free memory is below total x utilization
                 "starts": platform == "cpu" or free >= b.requested_bytes
-                or (parse_version(vllm_version) or (0, 99, 0)) < (0, 9, 1),
-                "max_concurrency": {str(n): P.max_concurrency(max(b.kv_bytes, 0), info, n, **kw) for n in lengths},
+                or not vllm.checks_free_memory(vllm_version),
+                "max_concurrency": {str(n): M.max_concurrency(max(b.kv_bytes, 0), info, n, **kw) for n in lengths},
                 "budget_gib": {k: round(getattr(b, k + "_bytes") / GiB, 2) for k in
                                ("requested", "weights", "activation", "non_torch", "cudagraph", "other_processes")},
             })
@@ -118,7 +121,7 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
         flags = flags.set("--kv-cache-dtype", kv_cache_dtype)
     if enforce_eager:
         flags = flags.set("--enforce-eager")
-    first = P.first_launch(info, gpu_total_bytes=gpu_total_bytes, gpu_free_bytes=free, gpus=gpus, flags=flags,
+    first = fit_launch(info, gpu_total_bytes=gpu_total_bytes, gpu_free_bytes=free, gpus=gpus, flags=flags,
                            vllm_version=vllm_version, platform=platform, cpu_kv_space_gib=cpu_kv_space_gib,
                            compute_capability=compute_capability, device_name=device_name)
     start = flags
@@ -141,9 +144,9 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
         "weights_per_gpu_gib": round((info.weights_bytes or 0) / max(1, tp * pp) / GiB, 2),
         "weights_source": info.weights_source,
         "quantization": info.quantization,
-        "kv_bytes_per_token": P.kv_bytes_per_token(info),
-        "kv_bytes_per_token_per_gpu": P.kv_bytes_per_token(info, tp=tp),
-        "kv_bytes_per_token_full_layers": P.kv_bytes_per_token(info, full_layers_only=True),
+        "kv_bytes_per_token": M.kv_bytes_per_token(info),
+        "kv_bytes_per_token_per_gpu": M.kv_bytes_per_token(info, tp=tp),
+        "kv_bytes_per_token_full_layers": M.kv_bytes_per_token(info, full_layers_only=True),
         "mla": info.mla,
         "block_size": block,
         "derived_max_model_len": derived,
@@ -203,17 +206,17 @@ def run(args: argparse.Namespace) -> int:
     if info is None:
         print(f"vllm-guard plan: cannot read config.json for {args.model!r} "
               "(a local dir, a path to config.json, or a Hugging Face id in the cache)", file=sys.stderr)
-        return EXIT_USAGE
+        return EX_USAGE
     tp, pp = max(1, args.tensor_parallel_size), max(1, args.pipeline_parallel_size)
     platform = "cpu" if args.cpu_kv_space_gib is not None else "cuda"
     cc, name = _cc(args.compute_capability), ""
     if args.gpu_memory_gib:
         total = free = int(args.gpu_memory_gib * GiB)
         gpus = args.gpus or tp * pp
-        problem = P.check_gpu_count(tp * pp, range(gpus))
+        problem = check_gpu_count(tp * pp, gpus)
         if problem:
             print(f"vllm-guard plan: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+            return EX_USAGE
     elif platform == "cpu":
         import psutil
 
@@ -224,24 +227,22 @@ def run(args: argparse.Namespace) -> int:
         if not devices:
             print(f"vllm-guard plan: no GPU found ({provider.reason or 'none visible'}); "
                   "pass --gpu-memory-gib", file=sys.stderr)
-            return EXIT_USAGE
-        problem = P.check_gpu_count(tp * pp, devices)
+            return EX_USAGE
+        problem = check_gpu_count(tp * pp, len(devices))
         if problem:
             print(f"vllm-guard plan: {problem}", file=sys.stderr)
-            return EXIT_USAGE
-        dev = P.sizing_device(devices, tp * pp)
+            return EX_USAGE
+        dev = sizing_device(devices, tp * pp)
         assert dev is not None
         total, free, gpus, name = dev.total_bytes, dev.free_bytes, len(devices), dev.name
         cc = cc or dev.compute_capability
-    from supervisor.core.flags import parse_int
-
     plan = build_plan(info, gpu_total_bytes=total, gpu_free_bytes=free, gpus=gpus, tp=tp, pp=pp,
                       utilization=args.gpu_memory_utilization, max_model_len=parse_int(args.max_model_len),
                       kv_cache_dtype=args.kv_cache_dtype, vllm_version=args.vllm_version,
                       compute_capability=cc, platform=platform, cpu_kv_space_gib=args.cpu_kv_space_gib,
                       enforce_eager=args.enforce_eager, device_name=name)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
-    return 0
+    return EX_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

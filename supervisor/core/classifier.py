@@ -24,8 +24,9 @@ import re
 from collections import deque
 from typing import Any, Iterable
 
+from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
-from supervisor.core.messages import (_CAPTURE, _CUDA, _FRAME_PHASE, _KEYS, _MILESTONE_PREFIXES,
+from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, _CAPTURE, _CUDA, _FRAME_PHASE, _KEYS, _MILESTONE_PREFIXES,
                                  _MILESTONES, _OOM, _RULES, _RX_LOGO, _info_numbers)
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
@@ -33,6 +34,7 @@ _KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 
 _EVIDENCE = 500       # evidence is trimmed to this many characters
 _JOIN_CAP = 8000      # a re-assembled wrapped record never grows past this
 _WRAP_WIDTH = 80      # terminal width of the hard-wrapped pastes we re-join
+_WRAPPER = 10         # the priority of rules that only say "see the root cause above"
 
 _INFO, _WARN, _ERROR, _RAW = 0, 1, 2, 3
 _LEVELS = {"DEBUG": _INFO, "INFO": _INFO, "WARNING": _WARN, "WARN": _WARN,
@@ -86,6 +88,8 @@ class Classifier:
         self._env_read: str | None = None     # the variable the current traceback's source line reads
         self._last_exc = ""          # last unrecognised exception line (evidence for wrappers)
         self._exc_after_wrapper = ""
+        self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
+        self._from_vllm = False      # a log header, a milestone or a traceback was seen
         self._pending: tuple[str, int, int | None, bool] | None = None   # a wrapped record being re-joined
         self._prev_width = 0
         self._near_width = 0         # lines 70-80 columns wide: with none longer, the log was wrapped
@@ -122,18 +126,38 @@ class Classifier:
     def _verdict(self, exit_code: int | None) -> Diagnosis:
         if self._best is not None and not (self._terminated and self._best[0] < 25):
             prio, kind, evidence, nums, phase = self._best
-            if prio <= 10 and (self._last_exc or self._exc_after_wrapper):
-                evidence = self._last_exc or self._exc_after_wrapper
+            if prio <= _WRAPPER and (self._last_exc or self._exc_after_wrapper):
+                # a wrapper ("Engine core initialization failed") around a root cause no rule names
+                kind, evidence = Kind.UNKNOWN_FAILURE, self._last_exc or self._exc_after_wrapper
             numbers = {**self._numbers, **nums}
             return Diagnosis(kind, _trim(evidence), _public(numbers), phase, _detail(kind, numbers, phase))
         numbers = _public(dict(self._numbers))
-        if exit_code not in (None, 0) and not self._terminated:
-            evidence = _trim(self._last_exc or self._exc_after_wrapper)
-            detail = f"vLLM exited with code {exit_code} and printed no failure this tool recognises."
-            return Diagnosis(Kind.ENGINE_DEAD, evidence, numbers, self.phase, detail)
-        detail = ("vLLM was stopped by a signal (our own SIGTERM); nothing failed." if self._terminated
-                  else "No fatal failure in the output.")
-        return Diagnosis(Kind.HEALTHY, "", numbers, self.phase, detail)
+        if self._terminated:
+            return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
+                             "vLLM was stopped by a signal (our own SIGTERM); nothing failed.")
+        unknown = self._last_exc or self._exc_after_wrapper
+        if self._open_traceback and not unknown:
+            unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"
+        exited = exit_code not in (None, 0)
+        if exited and exits.signal_of(exit_code) is not None:
+            hint = exits.hint(exit_code)
+            return Diagnosis(Kind.ENGINE_DEAD, _trim(unknown or exits.describe(exit_code)), numbers, self.phase,
+                             f"{exits.describe(exit_code)}" + (f": {hint}." if hint else "."))
+        if unknown and (exited or not self._serving):
+            how = f"{exits.describe(exit_code)} after" if exited else "The start-up ended with"
+            return Diagnosis(Kind.UNKNOWN_FAILURE, _trim(unknown), numbers, self.phase,
+                             f"{how} a failure no rule of this tool names; the evidence is its last line.")
+        if exited:
+            return Diagnosis(Kind.UNKNOWN_FAILURE, exits.describe(exit_code), numbers, self.phase,
+                             f"{exits.describe(exit_code)} and printed no failure this tool recognises.")
+        if self._serving:
+            return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
+                             "vLLM reached serving and nothing fatal followed.")
+        if not self._from_vllm and self._phase == 0:
+            return Diagnosis(Kind.NO_VLLM_OUTPUT, "", numbers, self.phase,
+                             "Nothing in the output comes from vLLM (empty, binary, or another program's).")
+        return Diagnosis(Kind.INCOMPLETE, "", numbers, self.phase,
+                         f"The start-up stops at '{self.phase}' before serving, with no failure in it.")
 
     # ------------------------------------------------------------------ internals
     def _feed(self, line: str | bytes) -> Diagnosis | None:
@@ -185,6 +209,8 @@ class Classifier:
         width = len(seg)
         text, level, rank = _strip(seg)
         self.lines.append(text[:_KEEP])
+        if level != _RAW:
+            self._from_vllm = True
         if width > _WRAP_WIDTH:
             self._long_seen = True
         elif width >= 70:
@@ -229,6 +255,8 @@ class Classifier:
         if stripped.startswith("File \""):
             m = _FRAME.match(stripped)
             if m:
+                self._open_traceback = stripped[:200]
+                self._from_vllm = True
                 where = _FRAME_PHASE.get(m.group(2).rsplit(".", 1)[-1])
                 if where and not (where == "serving" and self._frame_phase not in (None, "serving")):
                     self._frame_phase = where
@@ -240,7 +268,10 @@ class Classifier:
             return
         elif stripped.startswith("Traceback (most recent call last)"):
             self._frame_phase = self._env_read = None
+            self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
             return
+        if self._open_traceback and not text.startswith(" ") and level == _RAW:
+            self._open_traceback = ""    # the exception line that ends the traceback
         if text.startswith("    ") and ("os.getenv(" in text or "os.environ" in text):   # a traceback source line
             m = _ENV_READ.search(text)
             if m:
@@ -283,7 +314,7 @@ class Classifier:
             method = text[len("Error executing method "):].split(".", 1)[0].strip("'\" ")
             self._frame_phase = _FRAME_PHASE.get(method, self._frame_phase)
         if text == "Killed":   # the shell's note that the kernel (often the OOM killer) sent SIGKILL
-            self._offer(10, Kind.ENGINE_DEAD, text, {}, self.phase)
+            self._offer(20, Kind.ENGINE_DEAD, text, {}, self.phase)
             return
         hit = None
         for key, index in _KEYS:
@@ -316,8 +347,8 @@ class Classifier:
         self._offer(prio, kind, text, numbers, phase)
 
     def _unrecognised(self, text: str, level: int, rank: int | None) -> None:
-        if text.startswith(("asyncio.exceptions.CancelledError", "CancelledError")):
-            return
+        if text.startswith(COLLATERAL_ERRORS) or any(e in text for e in REQUEST_ERRORS):
+            return   # the echo of a peer that died, or one request's error: never a root cause
         if self._in_capture() and not self._serving and not self._terminated:
             numbers = {"rank": rank} if rank is not None else {}
             self._offer(30, Kind.OOM_CUDAGRAPH, text, numbers, "cudagraph")
@@ -547,4 +578,7 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
         return "vLLM rejected its configuration; changing memory flags will not help."
     if kind is Kind.ENGINE_DEAD:
         return f"The vLLM engine died ({phase}); a restart may help."
+    if kind is Kind.UNKNOWN_FAILURE:
+        return ("vLLM failed with an error no rule of this tool names; the evidence is its last exception line. "
+                "The guard relaunches the same flags after a backoff, up to the crash-loop limit.")
     return "No fatal failure in the output."

@@ -25,11 +25,18 @@ class Kind(str, enum.Enum):
     ENGINE_DEAD = "engine_dead"
     MAX_LEN_EXCEEDS_MODEL = "max_len_exceeds_model"
     CONFIG_ERROR = "config_error"
-    HEALTHY = "healthy"
+    UNKNOWN_FAILURE = "unknown_failure"     # a fatal line, traceback or exit that matches no rule
+    HEALTHY = "healthy"                     # vLLM reached serving and nothing fatal followed
+    # `vllm-guard diagnose` only (a live launch always ends one of the ways above):
+    NO_VLLM_OUTPUT = "no_vllm_output"       # nothing vLLM printed (an empty file, binary data, another program)
+    INCOMPLETE = "incomplete"               # a start-up that stops before serving, with no failure in it
 
     def __str__(self) -> str:  # so f-strings and JSON show the interface name
         return self.value
 
+
+#: The verdicts that name no failure.
+NO_FAILURE = frozenset({Kind.HEALTHY, Kind.INCOMPLETE, Kind.NO_VLLM_OUTPUT})
 
 #: Where a start-up was when it stopped, from vLLM's own milestones (oldest first).
 PHASES = (
@@ -64,8 +71,10 @@ class Diagnosis:
     detail: str = ""
 
     @property
-    def fatal(self) -> bool:
-        return self.kind is not Kind.HEALTHY
+    def names_a_failure(self) -> bool:
+        """False for the verdicts that name none (healthy, incomplete, no vLLM output): a launch that
+        ended with one of them ended for a reason the log does not hold (an exit, a hang)."""
+        return self.kind not in NO_FAILURE
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,29 +84,3 @@ class Diagnosis:
             "phase": self.phase,
             "detail": self.detail,
         }
-
-
-HEALTHY = Diagnosis(Kind.HEALTHY)
-
-
-def parse_version(version: str | None) -> tuple[int, int, int] | None:
-    """``0.10.2rc3.dev25+gabc`` -> (0, 10, 2); ``0.9`` -> (0, 9, 0); None for unknown or ``dev``."""
-    if not version:
-        return None
-    parts: list[int] = []
-    for piece in version.strip().lstrip("v").split("+")[0].split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-        if digits != piece:
-            break
-    if not parts:
-        return None
-    while len(parts) < 3:
-        parts.append(0)
-    return (parts[0], parts[1], parts[2])

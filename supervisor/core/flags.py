@@ -54,6 +54,23 @@ ALIASES = {
 
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
+# The flags the guard reads or changes, by their canonical names.
+MAX_MODEL_LEN = "--max-model-len"
+UTILIZATION = "--gpu-memory-utilization"
+KV_CACHE_DTYPE = "--kv-cache-dtype"
+KV_CACHE_BYTES = "--kv-cache-memory-bytes"
+ENFORCE_EAGER = "--enforce-eager"
+MAX_NUM_SEQS = "--max-num-seqs"
+MAX_BATCHED_TOKENS = "--max-num-batched-tokens"
+CPU_OFFLOAD = "--cpu-offload-gb"
+BLOCK_SIZE = "--block-size"
+CHUNKED_PREFILL = "--enable-chunked-prefill"
+TENSOR_PARALLEL = "--tensor-parallel-size"
+PIPELINE_PARALLEL = "--pipeline-parallel-size"
+
+#: The values of ``--max-model-len`` that ask vLLM to size the length itself (0.14+).
+AUTO_LENGTHS = ("auto", "-1")
+
 
 def canonical(name: str) -> str:
     """``--max_model_len`` -> ``--max-model-len``; ``-tp`` -> ``--tensor-parallel-size``."""
@@ -128,7 +145,11 @@ class Flags:
 
     def world_size(self) -> int:
         """The GPUs one launch uses: --tensor-parallel-size x --pipeline-parallel-size."""
-        return (self.get_int("--tensor-parallel-size") or 1) * (self.get_int("--pipeline-parallel-size") or 1)
+        return (self.get_int(TENSOR_PARALLEL) or 1) * (self.get_int(PIPELINE_PARALLEL) or 1)
+
+    def auto_length(self) -> bool:
+        """``--max-model-len auto`` (or -1): vLLM sizes the length to its KV cache."""
+        return self.get(MAX_MODEL_LEN) in AUTO_LENGTHS
 
     def get_int(self, name: str) -> int | None:
         return parse_int(self.get(name))
@@ -162,7 +183,7 @@ class Flags:
     def set(self, name: str, value: str | int | float | None = None) -> "Flags":
         """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood."""
         name = canonical(name)
-        text = None if value is None else _fmt(value)
+        text = None if value is None else format_value(value)
         new = _Entry(name, text)
         out: list[_Entry] = []
         placed = False
@@ -209,7 +230,8 @@ def diff(before: Flags, after: Flags) -> dict[str, tuple[str | None, str | None]
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def _fmt(value: str | int | float) -> str:
+def format_value(value: str | int | float) -> str:
+    """How a flag value is written: floats with at most two decimals and no trailing zeros."""
     if isinstance(value, float):
         return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
     return str(value)
@@ -223,7 +245,7 @@ def parse_int(value: str | None) -> int | None:
     if value is None or value == "":
         return None
     value = value.strip()
-    if value in ("auto", "-1"):
+    if value in AUTO_LENGTHS:
         return None
     try:
         if value[-1] in _SUFFIX:
@@ -231,33 +253,3 @@ def parse_int(value: str | None) -> int | None:
         return int(value)
     except (ValueError, IndexError):
         return None
-
-
-#: Flags vLLM removed: name -> (first version without it, what to use instead). From the
-#: per-version flag table in research/vllm-failures.md §4.
-REMOVED_FLAGS: dict[str, tuple[tuple[int, int, int], str]] = {
-    "--swap-space": ((0, 18, 0), "V1 never swaps to CPU; the flag is a no-op and was removed"),
-    "--max-seq-len-to-capture": ((0, 11, 0), "use --max-cudagraph-capture-size"),
-    "--cuda-graph-sizes": ((0, 13, 0), "use --max-cudagraph-capture-size"),
-    "--disable-log-requests": ((0, 17, 0), "request logging is off by default (--enable-log-requests)"),
-    "--use-v2-block-manager": ((0, 10, 0), "the v2 block manager is the only one"),
-    "--preemption-mode": ((0, 11, 0), "V0-only; V1 always recomputes"),
-    "--num-scheduler-steps": ((0, 10, 2), "V0-only multi-step scheduling was removed"),
-    "--disable-frontend-multiprocessing": ((0, 19, 0), "ignored by V1, then removed"),
-    "--calculate-kv-scales": ((0, 28, 0), "removed"),
-    "--guided-decoding-backend": ((0, 12, 0), "use --structured-outputs-config"),
-    "--task": ((0, 13, 0), "use --runner / --convert"),
-    "--worker-use-ray": ((0, 7, 0), "use --distributed-executor-backend ray"),
-    "--engine-use-ray": ((0, 6, 3), "removed"),
-    "--speculative-model": ((0, 8, 3), "use --speculative-config"),
-    "--num-speculative-tokens": ((0, 8, 3), "use --speculative-config"),
-}
-
-
-def removed_flag(name: str, version: tuple[int, int, int] | None) -> str | None:
-    """Why ``name`` is not accepted by vLLM ``version`` (None: it is, or we cannot tell)."""
-    entry = REMOVED_FLAGS.get(canonical(name))
-    if entry is None or version is None or version < entry[0]:
-        return None
-    since, instead = entry
-    return f"{canonical(name)} was removed in vLLM {'.'.join(map(str, since))} ({instead})"

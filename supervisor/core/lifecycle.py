@@ -1,25 +1,25 @@
-"""The guard's lifecycle as a state machine: states, the allowed transitions, and why each exists.
+"""The guard's states and the transitions between them, each with the reason it exists.
 
-Pure. The guard calls :meth:`Lifecycle.to` on every change; an edge not in :data:`TRANSITIONS`
-is a bug and raises, so the states shown in ``/status`` and to systemd are always coherent.
+Pure, and imported by nothing but the session (which moves the state) and the shell (which shows
+it). An edge not in :data:`TRANSITIONS` is a bug and raises :class:`BadTransition`, so the state
+in ``/status``, in the metrics and in systemd's status line is always one the table allows.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 
 class State(str, enum.Enum):
-    PLANNING = "planning"
-    STARTING = "starting"
-    HEALTHY = "healthy"
-    UNHEALTHY = "unhealthy"
-    RESTARTING = "restarting"
-    BACKOFF = "backoff"
-    FAILED = "failed"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
+    PLANNING = "planning"        # gathering facts, choosing the first launch's flags
+    STARTING = "starting"        # a launch is on its way to its first successful completion
+    HEALTHY = "healthy"          # a chat completion succeeded and probes keep passing
+    UNHEALTHY = "unhealthy"      # probes fail while the process lives
+    RESTARTING = "restarting"    # about to relaunch now (new flags, or a request)
+    BACKOFF = "backoff"          # waiting before relaunching the same flags
+    FAILED = "failed"            # gave up; the guard exits 75 or 78
+    STOPPING = "stopping"        # stopping vLLM and the guard
+    STOPPED = "stopped"          # nothing runs any more
 
     def __str__(self) -> str:
         return self.value
@@ -27,43 +27,44 @@ class State(str, enum.Enum):
 
 S = State
 TRANSITIONS: dict[State, frozenset[State]] = {
-    # planning -> starting because the first launch's flags are chosen
-    S.PLANNING: frozenset({S.STARTING, S.FAILED, S.STOPPING, S.BACKOFF}),
-    # starting -> healthy because a generation request succeeded; -> restarting because the
-    # launch failed and a remedy applies; -> backoff before retrying the same flags
+    # planning -> starting because the first launch's flags are chosen; -> stopping because a
+    # stop came, or the guard refused to start, before any launch
+    S.PLANNING: frozenset({S.STARTING, S.STOPPING}),
+    # starting -> healthy because a chat completion succeeded; -> restarting because the launch
+    # failed and a remedy changes flags (or a restart was requested); -> backoff before the same
+    # flags again; -> failed because nothing more can be changed
     S.STARTING: frozenset({S.HEALTHY, S.RESTARTING, S.BACKOFF, S.FAILED, S.STOPPING}),
-    # healthy -> unhealthy because probes fail while the process lives; -> restarting because it died
-    S.HEALTHY: frozenset({S.UNHEALTHY, S.RESTARTING, S.BACKOFF, S.STOPPING, S.FAILED}),
+    # healthy -> unhealthy because probes fail while the process lives; -> restarting/backoff
+    # because it died or hung; -> failed because it keeps dying (crash loop)
+    S.HEALTHY: frozenset({S.UNHEALTHY, S.RESTARTING, S.BACKOFF, S.FAILED, S.STOPPING}),
     # unhealthy -> healthy because a probe succeeded again
-    S.UNHEALTHY: frozenset({S.HEALTHY, S.RESTARTING, S.BACKOFF, S.STOPPING, S.FAILED}),
-    S.RESTARTING: frozenset({S.STARTING, S.BACKOFF, S.FAILED, S.STOPPING, S.PLANNING}),
-    S.BACKOFF: frozenset({S.STARTING, S.RESTARTING, S.FAILED, S.STOPPING, S.PLANNING}),
-    S.FAILED: frozenset({S.STOPPING, S.STOPPED}),
+    S.UNHEALTHY: frozenset({S.HEALTHY, S.RESTARTING, S.BACKOFF, S.FAILED, S.STOPPING}),
+    # restarting -> starting because the next launch is issued
+    S.RESTARTING: frozenset({S.STARTING, S.STOPPING}),
+    # backoff -> starting once the delay is over; -> restarting because a restart was requested
+    S.BACKOFF: frozenset({S.STARTING, S.RESTARTING, S.STOPPING}),
+    # failed -> stopping because the guard now stops vLLM and exits
+    S.FAILED: frozenset({S.STOPPING}),
     S.STOPPING: frozenset({S.STOPPED}),
     S.STOPPED: frozenset(),
 }
 
 
 class BadTransition(RuntimeError):
-    pass
+    """A state change the table does not allow (a bug in the guard)."""
 
 
-@dataclass
 class Lifecycle:
-    state: State = S.PLANNING
-    history: list[tuple[float, State, str]] = field(default_factory=list)
+    """The current state; :meth:`to` moves it along an allowed edge."""
 
-    def to(self, new: State, now: float, why: str = "") -> bool:
+    def __init__(self) -> None:
+        self.state = S.PLANNING
+
+    def to(self, new: State, why: str = "") -> bool:
         """Move to ``new``; False when already there; raises on an edge that should not exist."""
         if new is self.state:
             return False
         if new not in TRANSITIONS[self.state]:
             raise BadTransition(f"{self.state} -> {new} ({why})")
         self.state = new
-        self.history.append((now, new, why))
-        del self.history[:-100]
         return True
-
-    @property
-    def final(self) -> bool:
-        return self.state in (S.STOPPED,)

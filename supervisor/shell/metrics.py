@@ -12,11 +12,10 @@ import re
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from supervisor.core.lifecycle import State
+
 #: The guard's states, in the order the ``vllm_guard_state`` enum lists them.
-STATES = (
-    "planning", "starting", "healthy", "unhealthy", "restarting",
-    "backoff", "failed", "stopping", "stopped",
-)
+STATES = tuple(s.value for s in State)
 
 # Start-ups take minutes (weights, profiling, CUDA graphs), so the buckets run to an hour.
 _HEALTHY_BUCKETS = (5, 10, 20, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600, math.inf)

@@ -67,7 +67,7 @@ def test_unreadable_directory_and_binary_garbage(capsys: pytest.CaptureFixture[s
     assert _run(["--json", str(tmp_path), str(garbage)]) == 2     # a directory cannot be read
     captured = capsys.readouterr()
     assert str(tmp_path) in captured.err
-    assert json.loads(captured.out)["kind"] == "healthy"
+    assert json.loads(captured.out)["kind"] == "no_vllm_output"
 
 
 def test_exit_code_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_model_and_gpu_facts_replay_the_daemons_sizing(capsys: pytest.CaptureFix
     assert _run(["--json", "--model", "/no/such/model", str(lean)]) == 0
     captured = capsys.readouterr()
     assert "no config.json found" in captured.err
-    assert json.loads(captured.out)["remedy"]["flags"] == {"--gpu-memory-utilization": "0.40"}
+    assert json.loads(captured.out)["remedy"]["flags"] == {"--gpu-memory-utilization": "0.4"}
 
 
 def test_gpu_memory_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:

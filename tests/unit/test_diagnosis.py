@@ -34,7 +34,7 @@ def test_fixture_kind_and_numbers(rel: str) -> None:
         assert got.phase == want["phase"]
     assert got.phase in PHASES
     assert len(got.evidence) <= 500
-    if got.kind is not Kind.HEALTHY and want.get("exit_code") is None:
+    if got.names_a_failure and want.get("exit_code") is None:
         assert got.evidence, "a named failure carries the line that decided it"
     assert got.detail
 
@@ -111,7 +111,7 @@ def test_single_line_kinds(line: str, kind: Kind) -> None:
 )
 def test_look_alikes_are_not_failures(line: str) -> None:
     got = _one(line)
-    assert got.kind is Kind.HEALTHY, got
+    assert not got.names_a_failure, got
 
 
 def test_sigterm_during_start_up_is_our_own_kill() -> None:
@@ -123,8 +123,8 @@ def test_sigterm_during_start_up_is_our_own_kill() -> None:
 
 def test_exit_code_decides_when_the_log_says_nothing() -> None:
     lines = ["INFO 07-23 10:00:01 [gpu_model_runner.py:1] Starting to load model x..."]
-    assert classify(lines, None).kind is Kind.HEALTHY
-    assert classify(lines, 0).kind is Kind.HEALTHY
+    assert classify(lines, None).kind is Kind.INCOMPLETE        # stops while loading, nothing failed
+    assert classify(lines, 0).kind is Kind.INCOMPLETE
     dead = classify(lines + ["Segfault-free nonsense", "ZeroDivisionError: division by zero"], -9)
     assert dead.kind is Kind.ENGINE_DEAD
     assert dead.evidence == "ZeroDivisionError: division by zero"
@@ -139,11 +139,13 @@ def test_root_cause_beats_the_wrappers_around_it() -> None:
         "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ]
     assert classify(lines, 1).kind is Kind.NO_KV_CACHE_MEMORY
-    # with no visible root cause the wrapper names it, and the evidence is the unknown exception
+    # a root cause no rule names, inside the wrappers: an unknown failure, with that exception as evidence
     unknown = [lines[0], lines[1], "(EngineCore_DP0 pid=2) ERROR 09-20 10:00:01 [core.py:718] KeyError: 'lm_head.weight'", lines[3]]
     got = classify(unknown, 1)
-    assert got.kind is Kind.ENGINE_DEAD
+    assert got.kind is Kind.UNKNOWN_FAILURE
     assert got.evidence == "KeyError: 'lm_head.weight'"
+    # the wrappers alone (the engine died with nothing to say, e.g. SIGKILLed): the engine died
+    assert classify([lines[0], lines[3]], 1).kind is Kind.ENGINE_DEAD
 
 
 # --------------------------------------------------------------------------- where an OOM happened
@@ -285,7 +287,7 @@ def test_feed_returns_the_first_fatal_line_only() -> None:
     assert len(hits) == 1
     first, diagnosis = hits[0]
     assert b"EngineCore failed to start." in lines[first]
-    assert diagnosis.fatal
+    assert diagnosis.names_a_failure
     final = c.diagnose(1)
     assert final.kind is Kind.KV_CACHE_INSUFFICIENT
     assert final.numbers["fit_max_model_len"] == 40384
@@ -339,7 +341,7 @@ def test_throughput_floor() -> None:
 def test_torch_warnings_in_glog_format_are_not_failures() -> None:
     lines = ["[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in use).",
              "[rank0]:[W1129 10:00:00.123456789 socket.cpp:464] [c10d] The server socket has failed to listen (errno: 98 - Address already in use)."]
-    assert classify(lines).kind is Kind.HEALTHY
+    assert not classify(lines).names_a_failure
     # the error-level twin of the same format is read as an error
     timeout = "[E1129 10:00:00.123456789 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)"
     assert classify([timeout]).kind is Kind.ENGINE_DEAD
@@ -348,7 +350,7 @@ def test_torch_warnings_in_glog_format_are_not_failures() -> None:
 def test_the_shell_saying_killed_is_an_engine_death() -> None:
     got = classify(["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...", "Killed"])
     assert got.kind is Kind.ENGINE_DEAD and got.evidence == "Killed" and got.phase == "loading"
-    assert classify(["INFO 08-01 12:00:00 [multiproc_worker_utils.py:1] Killing local vLLM worker processes"]).kind is Kind.HEALTHY
+    assert classify(["INFO 08-01 12:00:00 [multiproc_worker_utils.py:1] Killing local vLLM worker processes"]).kind is Kind.INCOMPLETE
 
 
 def test_wrappers_around_our_own_sigterm_are_not_failures() -> None:

@@ -53,7 +53,7 @@ def test_parse_int_human_readable():
 
 
 def test_removed_flags_by_version():
-    from supervisor.core.flags import removed_flag
+    from supervisor.core.vllm import removed_flag
 
     assert removed_flag("--swap-space", (0, 17, 0)) is None
     assert "0.18.0" in removed_flag("--swap_space", (0, 18, 0))

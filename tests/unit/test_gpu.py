@@ -1,10 +1,12 @@
-"""GPU facts: the fake provider, CUDA_VISIBLE_DEVICES, fp8 support, and NVML on a machine without a driver."""
+"""GPU facts: CUDA_VISIBLE_DEVICES, fp8 support, and NVML on a machine without a driver."""
 
 from __future__ import annotations
 
 import pytest
 
-from supervisor.facts.nvml import FakeProvider, GpuDevice, GpuProcess, NvmlProvider, fp8_kv_supported, visible
+from supervisor.core.gpus import GpuDevice, GpuProcess, visible
+from supervisor.core.vllm import fp8_kv_supported
+from supervisor.facts.nvml import NvmlProvider
 
 GiB = 1 << 30
 
@@ -17,20 +19,6 @@ def dev(i: int, uuid: str, free_gib: float = 20.0) -> GpuDevice:
 
 
 DEVICES = [dev(0, "GPU-aaaa1111-0000"), dev(1, "GPU-bbbb2222-0000", 10.0), dev(2, "GPU-aaab3333-0000")]
-
-
-def test_fake_provider_replays_snapshots_and_repeats_the_last():
-    first, second = [dev(0, "GPU-a", 20)], [dev(0, "GPU-a", 5)]
-    p = FakeProvider([first, second])
-    assert p.snapshot() == first
-    assert p.snapshot() == second
-    assert p.snapshot() == second
-    assert p.calls == 3
-
-
-def test_fake_provider_without_gpus():
-    p = FakeProvider([[]], reason="no driver")
-    assert p.snapshot() == [] and p.reason == "no driver"
 
 
 def test_visible_unset_means_all():

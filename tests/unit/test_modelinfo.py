@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.core.model import load_model_info, model_info_from_config, weights_bytes_in
+from supervisor.core.model import model_info_from_config
+from supervisor.facts.model_files import load_model_info, weights_bytes_in
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core import gpus as G
+from supervisor.core import memory as M
 from supervisor.core import plan as P
+from supervisor.core import vllm as V
 from supervisor.facts.nvml import GpuDevice
-from supervisor.core.model import ModelInfo, derive_max_model_len, load_model_info
+from supervisor.core.model import ModelInfo, derive_max_model_len
+from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30
@@ -37,45 +41,45 @@ def model(name: str) -> ModelInfo:
     ("gpt-oss-20b", 2 * 24 * 8 * 64 * 2),                   # all 24 layers: 49,152
 ])
 def test_kv_bytes_per_token_matches_hand_values(name, expected):
-    assert P.kv_bytes_per_token(model(name)) == expected
+    assert M.kv_bytes_per_token(model(name)) == expected
 
 
 def test_the_numbers_the_issue_names():
-    assert P.kv_bytes_per_token(model("Qwen2.5-7B-Instruct")) == 57_344
-    assert P.kv_bytes_per_token(model("Qwen2.5-32B-Instruct")) == 262_144
-    assert P.kv_bytes_per_token(model("Llama-3.1-8B-Instruct")) == 131_072
-    assert P.kv_bytes_per_token(model("Llama-3.3-70B-Instruct")) == 327_680
-    assert P.kv_bytes_per_token(model("Llama-3.3-70B-Instruct"), tp=2) == 163_840
-    assert P.kv_bytes_per_token(model("DeepSeek-V2-Lite")) == 31_104
+    assert M.kv_bytes_per_token(model("Qwen2.5-7B-Instruct")) == 57_344
+    assert M.kv_bytes_per_token(model("Qwen2.5-32B-Instruct")) == 262_144
+    assert M.kv_bytes_per_token(model("Llama-3.1-8B-Instruct")) == 131_072
+    assert M.kv_bytes_per_token(model("Llama-3.3-70B-Instruct")) == 327_680
+    assert M.kv_bytes_per_token(model("Llama-3.3-70B-Instruct"), tp=2) == 163_840
+    assert M.kv_bytes_per_token(model("DeepSeek-V2-Lite")) == 31_104
 
 
 def test_fp8_halves_the_kv_cache():
-    assert P.kv_bytes_per_token(model("Llama-3.1-8B-Instruct"), kv_cache_dtype="fp8") == 65_536
-    assert P.kv_bytes_per_token(model("DeepSeek-V2-Lite"), kv_cache_dtype="fp8_e4m3") == 15_552
+    assert M.kv_bytes_per_token(model("Llama-3.1-8B-Instruct"), kv_cache_dtype="fp8") == 65_536
+    assert M.kv_bytes_per_token(model("DeepSeek-V2-Lite"), kv_cache_dtype="fp8_e4m3") == 15_552
 
 
 def test_mla_latent_is_replicated_on_every_tp_rank():
-    assert P.kv_bytes_per_token(model("DeepSeek-V2-Lite"), tp=2) == 31_104
+    assert M.kv_bytes_per_token(model("DeepSeek-V2-Lite"), tp=2) == 31_104
 
 
 def test_kv_heads_are_replicated_when_tp_exceeds_them():
     # Qwen2.5-7B has 4 KV heads: TP=8 stores one head per rank, so per-rank KV is /4, not /8.
-    assert P.kv_bytes_per_token(model("Qwen2.5-7B-Instruct"), tp=8) == 2 * 28 * 1 * 128 * 2
+    assert M.kv_bytes_per_token(model("Qwen2.5-7B-Instruct"), tp=8) == 2 * 28 * 1 * 128 * 2
 
 
 def test_hybrid_model_counts_full_layers_separately():
-    assert P.kv_bytes_per_token(model("gpt-oss-20b"), full_layers_only=True) == 24_576
+    assert M.kv_bytes_per_token(model("gpt-oss-20b"), full_layers_only=True) == 24_576
 
 
 def test_float32_runs_as_16_bit_unless_asked():
     tiny = model("tiny-llama-cpu")            # config says float32; vLLM downcasts on auto
-    assert P.kv_bytes_per_token(tiny) == 2 * 8 * 8 * 64 * 2
-    assert P.kv_bytes_per_token(tiny, dtype="float32") == 2 * 8 * 8 * 64 * 4
+    assert M.kv_bytes_per_token(tiny) == 2 * 8 * 8 * 64 * 2
+    assert M.kv_bytes_per_token(tiny, dtype="float32") == 2 * 8 * 8 * 64 * 4
 
 
 def test_unknown_kv_dtype_is_refused():
     with pytest.raises(ValueError):
-        P.kv_bytes_per_token(model("Qwen3-8B"), kv_cache_dtype="nvfp4")
+        M.kv_bytes_per_token(model("Qwen3-8B"), kv_cache_dtype="nvfp4")
 
 
 # -- fitting max_model_len: vLLM's closed form floor(kv / (block * page * layers)) * block ---------
@@ -84,61 +88,61 @@ def test_fit_closed_form_before_and_after_the_null_block():
     llama = model("Llama-3.1-8B-Instruct")
     # 5 GiB / (16 tokens * 131,072 B) = 2,560 blocks -> 40,960 tokens (0.28);
     # 0.29+ holds back one block of all layers (2 MiB) first -> 2,559 blocks.
-    assert P.fit_max_model_len(5 * GiB, llama, vllm_version="0.28.0") == 40_960
-    assert P.fit_max_model_len(5 * GiB, llama, vllm_version="0.29.0") == 40_944
+    assert M.fit_max_model_len(5 * GiB, llama, vllm_version="0.28.0") == 40_960
+    assert M.fit_max_model_len(5 * GiB, llama, vllm_version="0.29.0") == 40_944
 
 
 def test_fit_is_block_aligned_and_capped_at_upper():
     qwen = model("Qwen2.5-7B-Instruct")
-    fit = P.fit_max_model_len(3 * GiB + 12345, qwen, vllm_version="0.9.2")
+    fit = M.fit_max_model_len(3 * GiB + 12345, qwen, vllm_version="0.9.2")
     assert fit % 16 == 0
     assert fit == (3 * GiB + 12345) // (16 * 57_344) * 16
-    assert P.fit_max_model_len(3 * GiB, qwen, vllm_version="0.9.2", upper=32_768) == 32_768
+    assert M.fit_max_model_len(3 * GiB, qwen, vllm_version="0.9.2", upper=32_768) == 32_768
 
 
 def test_fit_with_tensor_parallel_uses_per_rank_bytes():
     llama70 = model("Llama-3.3-70B-Instruct")
     # per GPU 163,840 B/token: 2 GiB / (16 * 163,840) = 819.2 -> 819 blocks
-    assert P.fit_max_model_len(2 * GiB, llama70, tp=2, vllm_version="0.9.2") == 819 * 16
+    assert M.fit_max_model_len(2 * GiB, llama70, tp=2, vllm_version="0.9.2") == 819 * 16
 
 
 def test_fit_for_mla():
     ds = model("DeepSeek-V2-Lite")
     # page per layer = 16 * 576 * 2 = 18,432 B; 27 layers -> 497,664 B per block
-    assert P.fit_max_model_len(GiB, ds, vllm_version="0.9.2") == GiB // 497_664 * 16
-    assert P.fit_max_model_len(GiB, ds, vllm_version="0.9.2", block_size=64) == GiB // (497_664 * 4) * 64
+    assert M.fit_max_model_len(GiB, ds, vllm_version="0.9.2") == GiB // 497_664 * 16
+    assert M.fit_max_model_len(GiB, ds, vllm_version="0.9.2", block_size=64) == GiB // (497_664 * 4) * 64
 
 
 def test_fit_is_zero_when_nothing_fits():
-    assert P.fit_max_model_len(0, model("Qwen3-8B")) == 0
-    assert P.fit_max_model_len(-5 * GiB, model("Qwen3-8B")) == 0
+    assert M.fit_max_model_len(0, model("Qwen3-8B")) == 0
+    assert M.fit_max_model_len(-5 * GiB, model("Qwen3-8B")) == 0
 
 
 def test_cpu_tiny_model_reproduces_vllm_0_32_estimate():
     """vLLM CPU 0.32, VLLM_CPU_KVCACHE_SPACE=1, block 128, bf16: 'estimated maximum model length is 65408'."""
     tiny = model("tiny-llama-cpu")
     # page = 2 * 128 * 8 * 64 * 2 = 262,144 B/layer; 8 layers = 2 MiB/block; 1 GiB = 512 blocks, minus the null block
-    assert P.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 511 * 128 == 65_408
-    assert P.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.28.0") == 65_536
-    assert P.default_block_size(tiny, platform="cpu") == 128
+    assert M.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 511 * 128 == 65_408
+    assert M.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.28.0") == 65_536
+    assert V.default_block_size(mla=tiny.mla, platform="cpu") == 128
 
 
 def test_sliding_window_need_matches_the_research_gpt_oss_figure():
     oss = model("gpt-oss-20b")
     # 12 full layers * cdiv(131072,16) + 12 sliding * (cdiv(min(127+2048, L),16) + 1) blocks, 32 KiB each
     blocks = 12 * 8192 + 12 * (-(-2175 // 16) + 1)
-    assert P.kv_needed_bytes(oss, 131_072, max_num_batched_tokens=2048) == blocks * 2 * 16 * 8 * 64 * 2
+    assert M.kv_needed_bytes(oss, 131_072, max_num_batched_tokens=2048) == blocks * 2 * 16 * 8 * 64 * 2
     assert round(blocks * 32768 / GiB, 2) == 3.05
 
 
 def test_hybrid_fit_is_the_binary_search_bound():
     oss = model("gpt-oss-20b")
-    need = P.kv_needed_bytes(oss, 65_536, max_num_batched_tokens=2048)
+    need = M.kv_needed_bytes(oss, 65_536, max_num_batched_tokens=2048)
     null_block = 12 * 32_768        # one block id spans a group of 12 layers
-    assert P.fit_max_model_len(need + null_block, oss, vllm_version="0.32.0") == 65_536
-    assert P.fit_max_model_len(need + null_block - 1, oss, vllm_version="0.32.0") < 65_536
+    assert M.fit_max_model_len(need + null_block, oss, vllm_version="0.32.0") == 65_536
+    assert M.fit_max_model_len(need + null_block - 1, oss, vllm_version="0.32.0") < 65_536
     # with the hybrid manager off (V0 or the flag) every layer holds every token
-    assert P.fit_max_model_len(4 * GiB, oss, hybrid=False, vllm_version="0.28.0") == 4 * GiB // (16 * 49_152) * 16
+    assert M.fit_max_model_len(4 * GiB, oss, hybrid=False, vllm_version="0.28.0") == 4 * GiB // (16 * 49_152) * 16
 
 
 # -- derived max_model_len (§3) -------------------------------------------------------------------
@@ -197,48 +201,48 @@ def test_disable_sliding_window_caps_at_the_window():
 ])
 def test_budget_agrees_with_the_worked_table(name, kv_gib, tokens):
     info = model(name)
-    b = P.kv_budget(info, gpu_total_bytes=CARD_24, utilization=0.90, vllm_version="0.9.2")
+    b = M.kv_budget(info, gpu_total_bytes=CARD_24, utilization=0.90, vllm_version="0.9.2")
     assert b.kv_bytes / GiB == pytest.approx(kv_gib, rel=0.05)
-    assert P.fit_max_model_len(b.kv_bytes, info, vllm_version="0.9.2") == pytest.approx(tokens, rel=0.05)
+    assert M.fit_max_model_len(b.kv_bytes, info, vllm_version="0.9.2") == pytest.approx(tokens, rel=0.05)
 
 
 def test_cudagraph_reserve_from_0_20_unless_eager():
     info = model("Llama-3.1-8B-Instruct")
     kw = dict(gpu_total_bytes=CARD_24, utilization=0.90)
-    assert P.kv_budget(info, vllm_version="0.19.0", **kw).cudagraph_bytes == 0
-    new = P.kv_budget(info, vllm_version="0.20.0", **kw)
+    assert M.kv_budget(info, vllm_version="0.19.0", **kw).cudagraph_bytes == 0
+    new = M.kv_budget(info, vllm_version="0.20.0", **kw)
     assert 0.3 * GiB < new.cudagraph_bytes < 0.6 * GiB
-    assert P.kv_budget(info, vllm_version="0.20.0", enforce_eager=True, **kw).cudagraph_bytes == 0
+    assert M.kv_budget(info, vllm_version="0.20.0", enforce_eager=True, **kw).cudagraph_bytes == 0
 
 
 def test_global_cap_versions_subtract_other_processes():
     info = model("Qwen2.5-7B-Instruct")
     kw = dict(gpu_total_bytes=CARD_24, utilization=0.90, other_used_bytes=2 * GiB)
-    assert P.kv_budget(info, vllm_version="0.9.0", **kw).other_processes_bytes == 2 * GiB
-    assert P.kv_budget(info, vllm_version="0.9.1", **kw).other_processes_bytes == 0
+    assert M.kv_budget(info, vllm_version="0.9.0", **kw).other_processes_bytes == 2 * GiB
+    assert M.kv_budget(info, vllm_version="0.9.1", **kw).other_processes_bytes == 0
 
 
 def test_batch_defaults_follow_the_device_size():
-    assert P.batch_defaults(int(23.5 * GiB), vllm_version="0.9.2") == (2048, 256)
-    assert P.batch_defaults(80 * GiB, vllm_version="0.9.2") == (8192, 1024)
-    assert P.batch_defaults(80 * GiB, vllm_version="0.9.2", device_name="NVIDIA A100-SXM4-80GB") == (2048, 256)
-    assert P.batch_defaults(180 * GiB, vllm_version="0.32.0") == (16384, 1024)
-    assert P.batch_defaults(24 * GiB, vllm_version="0.6.3", max_model_len=16384) == (16384, 256)   # V0 profiles L
-    assert P.batch_defaults(24 * GiB, vllm_version="0.6.3", max_model_len=65536) == (512, 256)     # chunked
-    assert P.batch_defaults(0, platform="cpu") == (2048, 128)
+    assert V.batch_defaults(int(23.5 * GiB), vllm_version="0.9.2") == (2048, 256)
+    assert V.batch_defaults(80 * GiB, vllm_version="0.9.2") == (8192, 1024)
+    assert V.batch_defaults(80 * GiB, vllm_version="0.9.2", device_name="NVIDIA A100-SXM4-80GB") == (2048, 256)
+    assert V.batch_defaults(180 * GiB, vllm_version="0.32.0") == (16384, 1024)
+    assert V.batch_defaults(24 * GiB, vllm_version="0.6.3", max_model_len=16384) == (16384, 256)   # V0 profiles L
+    assert V.batch_defaults(24 * GiB, vllm_version="0.6.3", max_model_len=65536) == (512, 256)     # chunked
+    assert V.batch_defaults(0, platform="cpu") == (2048, 128)
 
 
 def test_default_utilization_by_version():
-    assert P.default_utilization("0.9.2") == 0.90
-    assert P.default_utilization("0.20.0") == 0.92
-    assert P.default_utilization(None) == 0.92
+    assert V.default_utilization("0.9.2") == 0.90
+    assert V.default_utilization("0.20.0") == 0.92
+    assert V.default_utilization(None) == 0.92
 
 
 def test_max_concurrency_is_tokens_over_context():
     llama = model("Llama-3.1-8B-Instruct")
     # 4 GiB at 0.28: 2048 blocks = 32,768 tokens -> 8 requests of 4096, 1 of 32768
-    assert P.max_concurrency(4 * GiB, llama, 4096, vllm_version="0.28.0") == 8.0
-    assert P.max_concurrency(4 * GiB, llama, 32768, vllm_version="0.28.0") == 1.0
+    assert M.max_concurrency(4 * GiB, llama, 4096, vllm_version="0.28.0") == 8.0
+    assert M.max_concurrency(4 * GiB, llama, 32768, vllm_version="0.28.0") == 1.0
 
 
 # -- GPUs ---------------------------------------------------------------------------------------
@@ -250,17 +254,17 @@ def _dev(i: int, free_gib: float, total_gib: float = 24.0) -> GpuDevice:
 
 
 def test_check_gpu_count():
-    assert P.check_gpu_count(1, [_dev(0, 20)]) is None
-    msg = P.check_gpu_count(2, [_dev(0, 20)])
+    assert G.check_gpu_count(1, 1) is None
+    msg = G.check_gpu_count(2, 1)
     assert msg is not None and "2" in msg and "1 is visible" in msg
-    assert P.check_gpu_count(4, []) is not None
+    assert G.check_gpu_count(4, 0) is not None
 
 
 def test_sizing_device_is_the_least_free_of_the_first_n():
     devs = [_dev(0, 20), _dev(1, 12), _dev(2, 2)]
-    assert P.sizing_device(devs, 2).index == 1       # device 2 is not used at TP=2
-    assert P.sizing_device(devs, 3).index == 2
-    assert P.sizing_device([], 1) is None
+    assert G.sizing_device(devs, 2).index == 1       # device 2 is not used at TP=2
+    assert G.sizing_device(devs, 3).index == 2
+    assert G.sizing_device([], 1) is None
 
 
 REAL_TINY = Path(os.environ.get("VLLM_GUARD_TINY_MODEL", "~/.cache/vllm-guard/tiny-llama")).expanduser()
@@ -271,6 +275,6 @@ def test_the_real_tiny_model_plans_what_vllm_cpu_0_32_logged():
     """tests/fixtures/logs/real-0.32: 'the estimated maximum model length is 65408' with VLLM_CPU_KVCACHE_SPACE=1."""
     tiny = load_model_info(str(REAL_TINY))
     assert tiny is not None and tiny.derived_max_model_len == 131_072
-    assert P.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 65_408
+    assert M.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 65_408
     # "Maximum concurrency for 65,408 tokens per request: 1.00x"
-    assert P.max_concurrency(GiB, tiny, 65_408, block_size=128, vllm_version="0.32.0") == 1.0
+    assert M.max_concurrency(GiB, tiny, 65_408, block_size=128, vllm_version="0.32.0") == 1.0

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core import memory as M
 from supervisor.core import plan as P
 from supervisor.core.flags import Flags
-from supervisor.core.model import load_model_info
+from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30
@@ -22,8 +23,8 @@ def model(name: str):
 
 
 def launch(name: str, args: list[str] | str = (), *, total: int = CARD_24, free: int | None = None, gpus: int = 1,
-           version: str | None = "0.9.2", **kw) -> P.FirstLaunch:
-    return P.first_launch(model(name), gpu_total_bytes=total, gpu_free_bytes=total if free is None else free,
+           version: str | None = "0.9.2", **kw) -> P.Fit:
+    return P.fit_launch(model(name), gpu_total_bytes=total, gpu_free_bytes=total if free is None else free,
                           gpus=gpus, flags=Flags.parse(list(args) if not isinstance(args, str) else args),
                           vllm_version=version, **kw)
 
@@ -133,11 +134,11 @@ def test_tensor_parallel_70b_awq_on_two_cards():
 
 def test_more_gpus_than_visible_is_not_confident():
     fl = launch("Llama-3.3-70B-Instruct-AWQ", ["-tp", "2"], gpus=1)
-    assert fl == P.FirstLaunch(confident=False)
+    assert fl == P.Fit(confident=False)
 
 
 def test_missing_inputs_are_not_confident():
-    assert not P.first_launch(None, gpu_total_bytes=CARD_24, gpu_free_bytes=CARD_24, gpus=1,
+    assert not P.fit_launch(None, gpu_total_bytes=CARD_24, gpu_free_bytes=CARD_24, gpus=1,
                               flags=Flags.parse([]), vllm_version=None).confident
     assert not launch("Qwen3-8B", total=0).confident
 
@@ -150,10 +151,10 @@ def test_cpu_backend_with_explicit_kv_space_reproduces_65408():
 
 
 def test_cpu_backend_needs_no_host_size_when_the_kv_space_is_set():
-    fl = P.first_launch(model("tiny-llama-cpu"), gpu_total_bytes=None, gpu_free_bytes=None, gpus=0,
+    fl = P.fit_launch(model("tiny-llama-cpu"), gpu_total_bytes=None, gpu_free_bytes=None, gpus=0,
                         flags=Flags.parse([]), vllm_version="0.32.0", platform="cpu", cpu_kv_space_gib=1.0)
     assert fl.flags == {"--max-model-len": "65408"} and fl.confident
-    fl = P.first_launch(model("tiny-llama-cpu"), gpu_total_bytes=None, gpu_free_bytes=None, gpus=0,
+    fl = P.fit_launch(model("tiny-llama-cpu"), gpu_total_bytes=None, gpu_free_bytes=None, gpus=0,
                         flags=Flags.parse([]), vllm_version="0.32.0", platform="cpu")
     assert not fl.confident and fl.flags == {}
 
@@ -169,8 +170,8 @@ def test_v0_profiles_the_context_so_shorter_frees_activation_memory():
     # (chunked prefill on); Qwen2.5-32B-AWQ ~7.2K.
     # unchunked, a 27.8K context profiled at once leaves a KV cache of about 27.8K tokens
     info = model("Llama-3.1-8B-Instruct")
-    b = P.kv_budget(info, gpu_total_bytes=CARD_24, utilization=0.9, vllm_version="0.6.3", max_model_len=27_800)
-    assert b.kv_bytes // P.kv_bytes_per_token(info) == pytest.approx(27_800, rel=0.05)
+    b = M.kv_budget(info, gpu_total_bytes=CARD_24, utilization=0.9, vllm_version="0.6.3", max_model_len=27_800)
+    assert b.kv_bytes // M.kv_bytes_per_token(info) == pytest.approx(27_800, rel=0.05)
     # otherwise chunked prefill makes all 32768 fit (the ~41.6K of the chunked profile)
     chunked = launch("Llama-3.1-8B-Instruct", ["--max-model-len", "32768"], version="0.6.3", margin=0)
     assert chunked.flags == {"--enable-chunked-prefill": None}

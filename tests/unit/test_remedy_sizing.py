@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.core import plan as P
+from supervisor.core import vllm
 from supervisor.core import remedy as R
 from supervisor.core.classifier import Classifier
 from supervisor.core.flags import Flags
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.model import load_model_info
+from supervisor.facts.model_files import load_model_info
 
 from benchmarks import matrix, render
 from tests.fakes import emulator as emu
@@ -49,7 +50,7 @@ def ctx(version: str, sizing_: P.Sizing | None, *, free: float | None = None, to
 def test_free_memory_failure_also_sizes_the_length(version):
     free_printed = round(L4_TOTAL - 3.0 - CONTEXT, 2)      # what vLLM printed: 18.66 of 22.06
     d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={
-        "free_gib": free_printed, "total_gib": L4_TOTAL, "requested_utilization": P.default_utilization(version)})
+        "free_gib": free_printed, "total_gib": L4_TOTAL, "requested_utilization": vllm.default_utilization(version)})
     out = R.decide(d, Flags(), ctx(version, sizing("Llama-3.1-8B-Instruct", version), free=L4_TOTAL - 3.0))
     assert isinstance(out, R.Relaunch)
     util = out.flags.get_float("--gpu-memory-utilization")
@@ -141,7 +142,7 @@ def test_the_plan_foresees_no_kv_memory_and_the_first_launch_takes_the_remedy():
     version = "0.32.0"
     flags = Flags.parse("--tensor-parallel-size 2")
     s = sizing("Llama-3.3-70B-Instruct-AWQ", version, gpus=2)
-    fl = s.first_launch(flags, total_bytes=int(L4_TOTAL * GiB), free_bytes=int(L4_TOTAL * GiB))
+    fl = s.fit(flags, total_bytes=int(L4_TOTAL * GiB), free_bytes=int(L4_TOTAL * GiB))
     assert fl.expect == "no_kv_cache_memory" and not fl.flags
     ahead = R.plan_ahead(fl.expect, flags, ctx(version, s, free=L4_TOTAL, requested=flags))
     assert ahead is not None

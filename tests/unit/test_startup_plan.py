@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.shell import startup
+import random
+from dataclasses import replace
+
+from supervisor import facts
 from supervisor.config import GuardConfig
-from supervisor.facts.nvml import FakeProvider, GpuDevice
-from supervisor.shell.guard import Guard
+from supervisor.core.gpus import GpuDevice
+from supervisor.core.session import Session
 
 from benchmarks import matrix, render
 from tests.fakes import emulator as emu
+from tests.fakes.gpu import FakeProvider
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30
@@ -27,16 +31,16 @@ def l4(index: int, held_gib: float = 0.0) -> GpuDevice:
     return GpuDevice(index, "NVIDIA L4", total, used, total - used, (8, 9), (), uuid=f"GPU-{index}")
 
 
-def planned(name: str, args: list[str], devices: list[GpuDevice], version: str) -> Guard:
+def planned(name: str, args: list[str], devices: list[GpuDevice], version: str | None) -> Session:
+    """The daemon's own path to the first launch: the facts it gathers, then its session."""
     cfg = GuardConfig(model=str(MODELS / name), vllm_args=tuple(args))
-    g = Guard(cfg, environ={}, gpu_provider=FakeProvider([devices]))
-    g.vllm_version = version
-    startup._gpu_facts(g)
-    startup._choose_first_flags(g, use_store=False)
+    gathered = facts.gather(cfg, {}, FakeProvider([devices]))
+    g = Session(cfg, replace(gathered.facts, vllm_version=version), rng=random.Random(0))
+    g.first_launch()
     return g
 
 
-def serves(name: str, version: str, g: Guard, held_gib: float = 0.0, count: int = 1):
+def serves(name: str, version: str, g: Session, held_gib: float = 0.0, count: int = 1):
     model = matrix.Model(name, name, str(MODELS / name))
     gpu = emu.GpuSpec(total_gib=L4, other_used_gib=held_gib, cc=(8, 9), count=count)
     return render.simulate(matrix.model_spec(model, version), gpu, version, g.current)
@@ -45,13 +49,13 @@ def serves(name: str, version: str, g: Guard, held_gib: float = 0.0, count: int 
 def test_foreseen_no_kv_memory_takes_the_remedy_before_the_first_launch():
     name, version = "Llama-3.3-70B-Instruct-AWQ", "0.32.0"
     g = planned(name, ["--tensor-parallel-size", "2"], [l4(0), l4(1)], version)
-    assert g.env_start.sizing is not None and g.env_start.sizing.gpus == 2
+    assert g.sizing is not None and g.sizing.gpus == 2
     util = g.current.get_float("--gpu-memory-utilization")
     assert util is not None and util > 0.92                    # the no-KV ladder's first step
     assert g.current.has("--max-model-len")                    # and the length that fits there
     note = g.notes["--gpu-memory-utilization"]
     assert note.source == "plan" and note.why.startswith("no_kv_cache_memory expected")
-    assert g.env_start.flags_source == "plan"
+    assert g.flags_source == "plan"
     assert serves(name, version, g, count=2).ok
 
 
@@ -68,9 +72,5 @@ def test_busy_gpu_gets_a_share_under_free_memory_and_the_length_that_fits():
 
 def test_a_model_without_a_config_plans_nothing_and_the_remedies_get_no_sizing(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")        # the Hub is not asked
-    cfg = GuardConfig(model="no-such-org/no-such-model", vllm_args=())
-    g = Guard(cfg, environ={}, gpu_provider=FakeProvider([[l4(0)]]))
-    startup._gpu_facts(g)
-    startup._choose_first_flags(g, use_store=False)
-    assert g.env_start.sizing is None and g.current == g.requested and not g.notes
-    assert g.remedy_context().sizing is None
+    g = planned("no-such-org/no-such-model", [], [l4(0)], "0.32.0")
+    assert g.sizing is None and g.current == g.requested and not g.notes

@@ -288,27 +288,27 @@ def test_gpu_lock_dir_is_shared_and_writable():
     assert os.access(d, os.W_OK) and stat.S_IMODE(d.stat().st_mode) & 0o1000
 
 
-def test_guards_turn_logs_the_wait_times_out_as_tempfail_and_releases_early(gpu_key):
-    from supervisor.shell import startup
+def test_guards_turn_times_out_as_tempfail_and_releases_early(gpu_key):
     from supervisor.config import GuardConfig
+    from supervisor.errors import Refused
     from supervisor.shell.guard import Guard
 
     g = Guard(GuardConfig(model="m", startup_timeout=0.4), environ={})
-    g.env_start.gpu_key = gpu_key
+    g._gpu_key = gpu_key
     waits: list[str] = []
 
     async def held_elsewhere():
         async with state.gpu_turn_async(gpu_key, timeout=1, on_wait=lambda: waits.append("mine")):
-            with pytest.raises(startup.Refused) as e:
-                async with startup.gpu_turn(g):
+            with pytest.raises(Refused) as e:
+                async with g._gpu_turn():
                     pytest.fail("the turn was taken twice")
             assert e.value.exit_code == 75 and "still held by" in str(e.value)
-        assert g.env_start.turn is None
+        assert g._turn is None
 
     async def ours_then_released_early():
-        async with startup.gpu_turn(g):
-            assert g.env_start.turn is not None
-            startup.release_turn(g)               # healthy: the next guard may start now
+        async with g._gpu_turn():
+            assert g._turn is not None
+            g._release_turn()                     # healthy: the next guard may start now
             async with state.gpu_turn_async(gpu_key, timeout=0.5):
                 waits.append("next guard went ahead")
 

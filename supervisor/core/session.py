@@ -1,0 +1,416 @@
+"""Every decision the guard makes, in one place: the first launch's flags and, after each launch, the next step.
+
+Pure: no I/O, no clock, no randomness of its own (the random source for backoff jitter is passed
+in). The shell gathers the facts (:class:`Facts`), runs each launch and reports how it ended
+(:class:`Outcome`); the session answers with the next step: launch these flags, for these
+reasons, after this delay (:class:`Launch`), or end with this exit code and this message
+(:class:`End`). Crash-loop and port-retry counting, the launch budget, backoff, forgetting learned
+flags that fail, the bounds held on ``--max-model-len auto`` and the flag notes shown in
+``/status`` all live here, so ``vllm-guard start``, ``vllm-guard diagnose`` and the benchmark
+make the same decisions by construction.
+
+The order of a session::
+
+    s = Session(cfg, facts, rng=random.Random())
+    step = s.first_launch()           # PLANNING -> STARTING
+    while isinstance(step, Launch):
+        flags = s.launching()         # the flags to run now (after the version's removed flags)
+        ...                            # the shell runs vLLM; s.healthy(...) when it serves
+        step = s.ended(outcome)       # -> Launch(...) or End(...)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+import tenacity
+
+from supervisor.config import GuardConfig
+from supervisor.core import exits, remedy, vllm
+from supervisor.core.classifier import check_auto_fit
+from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.flags import MAX_MODEL_LEN, Flags, diff
+from supervisor.core.gpus import GpuDevice
+from supervisor.core.lifecycle import Lifecycle, State
+from supervisor.core.model import ModelInfo, derive_max_model_len
+from supervisor.core.plan import Sizing
+from supervisor.core.units import GiB
+from supervisor.errors import EX_TEMPFAIL
+
+# How a launch ended (Outcome.end).
+FAILED = "failed"          # never became healthy
+DIED = "died"              # was healthy, then exited / lost its engine / hung
+STOPPED = "stopped"        # the guard was asked to stop (signal, POST /stop)
+RESTART = "restart"        # POST /restart: the same flags again
+RESET = "reset"            # POST /restart?reset=1: back to the flags the user asked for
+
+
+@dataclass(frozen=True)
+class Learned:
+    """Flags an earlier healthy launch used under the same conditions (from the state dir)."""
+
+    argv: tuple[str, ...]
+    saved_at: str = ""
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the shell gathered before the first launch: the GPUs, the vLLM, the model."""
+
+    platform: str = "cuda"                     # "cuda" | "cpu" (the CPU build of vLLM)
+    devices: tuple[GpuDevice, ...] = ()        # the GPUs the launch uses ([] without NVML)
+    free_gib: float | None = None              # of the device that limits the launch
+    total_gib: float | None = None
+    vllm_version: str | None = None
+    model: ModelInfo | None = None
+    cpu_kv_space_gib: float | None = None      # VLLM_CPU_KVCACHE_SPACE
+    learned: Learned | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one launch ended, as the shell saw it."""
+
+    end: str                                   # FAILED | DIED | STOPPED | RESTART | RESET
+    diagnosis: Diagnosis = field(default_factory=lambda: Diagnosis(Kind.HEALTHY))
+    was_healthy: bool = False
+    healthy_for: float = 0.0                   # seconds it served before it ended
+    exit_code: int | None = None               # the process's own status (-N: killed by signal N)
+
+
+@dataclass(frozen=True)
+class FlagNote:
+    """Why a flag differs from what the user asked, and who decided it."""
+
+    value: str | None                          # None: the flag was removed
+    was: str | None                            # what the user asked (None: unset)
+    why: str
+    source: str                                # "plan" | "store" | "heal" | "version"
+    measured: str = ""                         # what vLLM then did with it (auto-fit's choice)
+
+    @property
+    def text(self) -> str:
+        """The reason with what vLLM did, one sentence."""
+        return f"{self.why}; {self.measured}" if self.measured else self.why
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch vLLM with ``flags`` after ``delay`` seconds; ``changes`` say what changed and why."""
+
+    flags: Flags
+    changes: tuple[remedy.Change, ...] = ()
+    why: str = ""
+    delay: float = 0.0
+    reason: str = "first"                      # the diagnosis kind it answers, or request/reset/learned
+    step: str = ""                             # the remedy step taken (remedy.Relaunch.step)
+    forget_learned: bool = False               # the learned flags failed: drop them from the store
+
+
+@dataclass(frozen=True)
+class End:
+    """Stop supervising with ``exit_code``: ``reason`` says why, ``advice`` what could help."""
+
+    exit_code: int
+    reason: str
+    advice: str = ""
+    kind: Kind | None = None
+
+    @property
+    def message(self) -> str:
+        return f"giving up: {self.reason}" + (f". What could help: {self.advice}" if self.advice else "")
+
+
+@dataclass(frozen=True)
+class Healthy:
+    """What a launch that just became healthy means: the flags to remember, and a summary."""
+
+    learn: tuple[str, ...] | None              # argv to store as learned (None: do not store)
+    reasons: Mapping[str, str]
+    summary: str
+
+
+Step = Launch | End
+
+
+class Session:
+    """The decisions of one guard run; the shell drives it (see the module docstring)."""
+
+    def __init__(self, cfg: GuardConfig, facts: Facts, *, rng: random.Random,
+                 on_state: Callable[[State, str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.facts = facts
+        self.requested = Flags.parse(list(cfg.vllm_args))
+        self.current = self.requested
+        self.notes: dict[str, FlagNote] = {}
+        self.flags_source = "user"             # user | plan | store
+        self.vllm_version = facts.vllm_version
+        self.block_size: int | None = vllm.CPU_BLOCK_SIZE if facts.platform == "cpu" else None
+        self.free_gib = facts.free_gib
+        self.launches = 0                      # launches issued so far
+        self.restarts = 0                      # relaunches asked for (POST /restart)
+        self.runtime_deaths = 0                # deaths in a row soon after becoming healthy
+        self._rng = rng
+        self._on_state = on_state
+        self._lifecycle = Lifecycle()
+        self._learned = facts.learned
+        self._fails_without_health = 0
+        self._tried: list[str] = []
+        self._previous: list[Diagnosis] = []
+        self._port_failures = 0
+        self._last_good: Flags | None = None
+        self._backoffs = 0
+        model = facts.model
+        self.derived_max_model_len = None if model is None else derive_max_model_len(
+            model, facts.vllm_version, disable_sliding_window=self.requested.enabled("--disable-sliding-window"))
+        self.sizing = None if model is None else Sizing(
+            model, gpus=len(facts.devices) or self.requested.world_size(), vllm_version=facts.vllm_version,
+            margin=cfg.plan.margin, min_model_len=cfg.remedies.min_model_len, platform=facts.platform,
+            cpu_kv_space_gib=facts.cpu_kv_space_gib,
+            compute_capability=facts.devices[0].compute_capability if facts.devices else None,
+            device_name=facts.devices[0].name if facts.devices else "",
+            utilization_margin=cfg.remedies.utilization_margin)
+        self.fp8_supported = None if not facts.devices else all(
+            vllm.fp8_kv_supported(d.compute_capability, facts.vllm_version, bool(model and model.mla))
+            for d in facts.devices)
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        return self._lifecycle.state
+
+    def _to(self, state: State, why: str = "") -> None:
+        if self._lifecycle.to(state, why) and self._on_state is not None:
+            self._on_state(state, why)
+
+    # -- the first launch -------------------------------------------------------------------
+    def first_launch(self) -> Launch:
+        """The first launch's flags: learned ones, else vLLM's auto-fit, else the plan's, else as asked."""
+        launch = self._choose(use_learned=True)
+        self.current = launch.flags
+        return launch
+
+    def _choose(self, *, use_learned: bool) -> Launch:
+        cfg, requested = self.cfg, self.requested
+        learned = self._learned if cfg.plan.learn and use_learned else None
+        if learned is not None:
+            flags = Flags.parse(list(learned.argv))
+            for name, (was, now) in diff(requested, flags).items():
+                self._note(name, now, learned.reasons.get(name, "learned from an earlier healthy launch"), "store")
+            self.flags_source = "store"
+            return Launch(flags, why=f"using the flags learned on {learned.saved_at or 'an earlier start'}",
+                          reason="learned")
+        if not cfg.plan.enabled:
+            return Launch(requested, why="planning is off (--no-plan): the flags as given")
+        if cfg.plan.auto_fit and not requested.has(MAX_MODEL_LEN) and vllm.auto_fit_available(self.vllm_version):
+            self._note(MAX_MODEL_LEN, "auto", "vLLM sizes the context to the KV cache itself (--max-model-len auto)",
+                       "plan")
+            self.flags_source = "plan"
+            return Launch(requested.set(MAX_MODEL_LEN, "auto"), why="--max-model-len auto (plan.auto_fit)")
+        if self.sizing is None:
+            return Launch(requested, why="no config.json found for the model: the flags as given")
+        total = self.facts.total_gib
+        fit = self.sizing.fit(requested, total_bytes=int(total * GiB) if total else None,
+                              free_bytes=int(self.free_gib * GiB) if self.free_gib else None)
+        flags, changes = requested, []
+        for name, value in fit.flags.items():
+            flags = flags.set(name, value)
+            changes.append(remedy.Change(name, requested.get(name), flags.get(name), fit.reasons.get(name, "planned")))
+        if fit.expect:
+            # The plan foresees a failure no length avoids: take the remedy's step now, not after it.
+            ahead = remedy.plan_ahead(fit.expect, flags, self._context())
+            if ahead is not None:
+                flags = ahead.flags
+                changes += [replace(c, why=f"{fit.expect} expected: {c.why}") for c in ahead.changes]
+        for c in changes:
+            self._note(c.flag, c.new, c.why, "plan")
+        if changes:
+            self.flags_source = "plan"
+            why = "planned first launch: " + "; ".join(
+                f"{c.flag} {c.new or '(on)'} ({c.why})" for c in changes)
+        elif not fit.confident:
+            why = ("not enough facts to plan the first launch (no GPU size known); vllm-guard will size from "
+                   "vLLM's own messages")
+        else:
+            why = "the plan says the flags as given fit"
+        return Launch(flags, tuple(changes), why)
+
+    def _note(self, flag: str, value: str | None, why: str, source: str) -> None:
+        self.notes[flag] = FlagNote(value, self.requested.get(flag), why, source)
+
+    # -- each launch ------------------------------------------------------------------------
+    def launching(self) -> tuple[Flags, list[str]]:
+        """The flags to launch now, and why any were dropped: flags this vLLM version removed go."""
+        version = vllm.parse_version(self.vllm_version)
+        dropped = []
+        for name in self.current.names():
+            why = vllm.removed_flag(name, version)
+            if why and self.current.has(name):
+                self._note(name, None, why, "version")
+                self.current = self.current.remove(name)
+                dropped.append(f"dropping {name} from the vLLM arguments: {why}")
+        self.launches += 1
+        self._to(State.STARTING, f"launch {self.launches}")
+        return self.current, dropped
+
+    def auto_fit_bounds(self) -> tuple[int, int | None] | None:
+        """(floor, ceiling) held on vLLM's choice when the launch uses ``--max-model-len auto``."""
+        if not self.current.auto_length():
+            return None
+        return self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)
+
+    def check_auto_fit(self, numbers: Mapping[str, Any], phase: str) -> Diagnosis | None:
+        """A failure of the guard's own bounds on ``--max-model-len auto`` (None: within them, or not auto)."""
+        bounds = self.auto_fit_bounds()
+        if bounds is None:
+            return None
+        return check_auto_fit(dict(numbers), phase, floor=bounds[0], cap=bounds[1])
+
+    def observed(self, numbers: Mapping[str, Any]) -> None:
+        """What a launch printed about itself: its vLLM version and KV block size."""
+        self.vllm_version = numbers.get("vllm_version") or self.vllm_version
+        self.block_size = numbers.get("block_size") or self.block_size
+
+    def gpu_observed(self, free_gib: float | None) -> None:
+        """The GPU's free memory read again between launches."""
+        if free_gib is not None:
+            self.free_gib = free_gib
+
+    def healthy(self, numbers: Mapping[str, Any], seconds: float) -> Healthy:
+        """The launch serves: note vLLM's auto-fit choice and say what to remember."""
+        chosen = numbers.get("auto_fit_max_model_len")
+        if chosen and self.current.auto_length():
+            before = self.notes.get(MAX_MODEL_LEN)
+            self.notes[MAX_MODEL_LEN] = FlagNote(
+                f"auto ({chosen})", self.requested.get(MAX_MODEL_LEN),
+                before.why if before else "--max-model-len auto as asked",
+                before.source if before else "user", f"vLLM's auto-fit chose {chosen} tokens for the KV cache")
+        self._to(State.HEALTHY, f"launch {self.launches} serves")
+        changed = ", ".join(f"{k} {v.value or '(on)'}" for k, v in self.notes.items()) or "none"
+        summary = (f"healthy: a chat completion succeeded after {seconds:.1f} s (launch {self.launches}); "
+                   f"changed flags: {changed}")
+        learn = tuple(self.current.argv()) if self.cfg.plan.learn else None
+        return Healthy(learn, {k: v.text for k, v in self.notes.items()}, summary)
+
+    def unhealthy(self, why: str) -> None:
+        """Probes fail while vLLM still runs."""
+        self._to(State.UNHEALTHY, why)
+
+    def recovered(self) -> None:
+        """A probe passes again."""
+        self._to(State.HEALTHY, "probes pass again")
+
+    def restart(self, reset: bool) -> Launch:
+        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's."""
+        self.restarts += 1
+        if reset:
+            self.current, self.notes, self.flags_source = self.requested, {}, "user"
+        self._to(State.RESTARTING, "restart requested")
+        return Launch(self.current, why="restart requested: " + (
+            "back to the flags you asked for" if reset else "relaunching with the current flags"),
+            reason="reset" if reset else "request")
+
+    def stopping(self, why: str) -> None:
+        self._to(State.STOPPING, why)
+
+    def stopped(self, why: str) -> None:
+        self._to(State.STOPPING, why)
+        self._to(State.STOPPED, why)
+
+    # -- after a launch ---------------------------------------------------------------------
+    def ended(self, outcome: Outcome) -> Step | None:
+        """The next step after a launch ended; None when it ended because the guard was asked to stop."""
+        if outcome.end == STOPPED:
+            return None
+        if outcome.end in (RESTART, RESET):
+            return self.restart(outcome.end == RESET)
+        d = outcome.diagnosis
+        self.observed(d.numbers)
+        if outcome.was_healthy:
+            self._last_good = self.current
+            self._fails_without_health, self._tried, self._previous, self._port_failures = 0, [], [], 0
+            if outcome.healthy_for < self.cfg.backoff.crash_loop_window:
+                self.runtime_deaths += 1
+            else:
+                self.runtime_deaths, self._backoffs = 1, 0
+        else:
+            self._fails_without_health += 1
+        if self.flags_source == "store" and not outcome.was_healthy:
+            return self._forget_learned(d)
+        decision = remedy.decide(d, self.current, self._context())
+        end = self._end_for(decision, d, outcome)
+        if end is not None:
+            self._to(State.FAILED, end.reason)
+            return end
+        assert isinstance(decision, remedy.Relaunch)
+        self._tried.append(decision.step)
+        self._previous.append(d)
+        if decision.step == "port_retry":
+            self._port_failures += 1
+        for c in decision.changes:
+            self.notes[c.flag] = FlagNote(c.new, self.requested.get(c.flag), c.why, "heal")
+        self.current = decision.flags
+        delay = 0.0
+        if decision.backoff:
+            self._backoffs += 1
+            delay = self.backoff_delay(self._backoffs)
+            self._to(State.BACKOFF, f"{d.kind}; retrying in {delay:.1f} s")
+        else:
+            self._to(State.RESTARTING, f"{d.kind}; relaunching with new flags")
+        return Launch(decision.flags, decision.changes, decision.why, delay, reason=d.kind.value, step=decision.step)
+
+    def _end_for(self, decision: remedy.Decision, d: Diagnosis, outcome: Outcome) -> End | None:
+        """Give up when the policy does, the launch budget is spent, or vLLM keeps dying."""
+        last = f"(last: {d.kind}: {d.evidence[:200]})"
+        if isinstance(decision, remedy.GiveUp):
+            return End(decision.exit_code, decision.reason, decision.advice, d.kind)
+        if self._fails_without_health >= self.cfg.max_launches:
+            return End(EX_TEMPFAIL, f"{self._fails_without_health} launches in a row failed without becoming "
+                                    f"healthy {last}", "see the diagnosis above; raise --max-launches to keep trying",
+                       d.kind)
+        if outcome.was_healthy and self.runtime_deaths > self.cfg.backoff.crash_loop_limit:
+            return End(EX_TEMPFAIL, f"vLLM died {self.runtime_deaths} times in a row soon after becoming healthy "
+                                    f"{last}", "look at the vLLM output above; the engine keeps crashing", d.kind)
+        return None
+
+    def _forget_learned(self, d: Diagnosis) -> Launch:
+        """Learned flags failed before serving: drop them and plan afresh (the launch counts)."""
+        self._previous.append(d)
+        self.current, self.notes, self.flags_source, self._learned = self.requested, {}, "user", None
+        launch = self._choose(use_learned=False)
+        self.current = launch.flags
+        self._to(State.RESTARTING, "learned flags failed; re-planning")
+        return replace(launch, why=f"the learned flags failed ({d.kind}); forgetting them: {launch.why}",
+                       reason="learned_failed", forget_learned=True)
+
+    def backoff_delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter (tenacity's policy) before relaunch ``attempt`` (1-based)."""
+        b = self.cfg.backoff
+        wait = tenacity.wait_exponential(multiplier=b.initial, max=b.maximum, exp_base=b.multiplier)
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+        state.attempt_number = attempt
+        return min(b.maximum, wait(state)) + self._rng.uniform(0, b.jitter)
+
+    def _context(self) -> remedy.Context:
+        """What the remedy policy knows besides a diagnosis: the facts plus this run's history."""
+        f = self.facts
+        return remedy.Context(
+            requested=self.requested, rules=self.cfg.remedies, gpu_free_gib=self.free_gib, gpu_total_gib=f.total_gib,
+            vllm_version=self.vllm_version, block_size=self.block_size,
+            derived_max_model_len=self.derived_max_model_len, fp8_supported=self.fp8_supported, sizing=self.sizing,
+            cpu_kv_space_gib=f.cpu_kv_space_gib, last_good=self._last_good, tried=tuple(self._tried),
+            previous=tuple(self._previous), port_failures=self._port_failures)
+
+    # -- what the shell shows ---------------------------------------------------------------
+    def crash_loop(self) -> dict[str, Any]:
+        return {"runtime_deaths": self.runtime_deaths, "limit": self.cfg.backoff.crash_loop_limit}
+
+
+def exit_detail(outcome: Outcome) -> str:
+    """The child's exit status in words, with what it usually means ("" when it exited by itself with 0)."""
+    text = exits.describe(outcome.exit_code)
+    hint = exits.hint(outcome.exit_code)
+    return f"{text}: {hint}" if hint else text

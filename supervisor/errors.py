@@ -1,0 +1,45 @@
+"""Exit codes and the errors that carry them; the one place both are defined.
+
+The tree::
+
+    GuardError               exit_code on the instance
+    ├── ConfigError          78  a setting, file or argument a person must change
+    └── Refused              the guard cannot start or go on (another guard, the GPUs, a timeout)
+
+Decisions that end the guard (the session's ``GiveUp``) carry one of the codes below too; only
+the CLI turns them into a process exit status. The codes follow ``sysexits.h`` so systemd's
+``RestartPreventExitStatus=`` can tell "a person must act" (78) from "try again later" (75).
+"""
+
+from __future__ import annotations
+
+EX_OK = 0             # stopped on request (signal, POST /stop, `vllm-guard stop`)
+EX_FAILURE = 1        # a client command failed (`status`, `restart`, `stop`: no guard answers)
+EX_USAGE = 2          # bad command line (argparse)
+EX_UNFIT = 3          # `plan`: the model does not fit the GPUs given (the verdict says what would)
+EX_SOFTWARE = 70      # a bug in vllm-guard (it still stopped vLLM and left nothing behind)
+EX_TEMPFAIL = 75      # remedies or the launch budget exhausted; may work later (GPU freed, more memory)
+EX_CONFIG = 78        # vLLM or the guard refused the configuration; changing flags will not help
+
+
+class GuardError(Exception):
+    """An error that ends a vllm-guard command with ``exit_code``; its message says what to do."""
+
+    exit_code = EX_SOFTWARE
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(GuardError):
+    """A setting is missing, unknown or invalid; the message names the key or file."""
+
+    exit_code = EX_CONFIG
+
+
+class Refused(GuardError):
+    """The guard cannot start or go on (another guard holds the state dir, too few GPUs ...)."""
+
+    exit_code = EX_CONFIG

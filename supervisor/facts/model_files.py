@@ -1,0 +1,133 @@
+"""Find a model's config.json and weight files: a local directory, the Hugging Face cache, or the Hub.
+
+The shell around :mod:`supervisor.core.model`: config.json from a local path or the HF cache
+(never downloading weights), else, when online, from the Hub with a short timeout; the weights'
+size from the safetensors index, else the files. Nothing here raises for missing data: unknown
+is ``None``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from supervisor.core.model import ModelInfo, model_info_from_config
+
+
+def hf_hub_cache() -> str:
+    """The Hugging Face hub cache directory, as huggingface_hub resolves it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    return os.path.join(home, "hub")
+
+
+def _snapshot_dir(model_id: str, revision: str | None) -> str | None:
+    repo = os.path.join(hf_hub_cache(), "models--" + model_id.replace("/", "--"))
+    if not os.path.isdir(repo):
+        return None
+    ref = os.path.join(repo, "refs", revision or "main")
+    if os.path.isfile(ref):
+        with open(ref, encoding="utf-8") as f:
+            commit = f.read().strip()
+        candidate = os.path.join(repo, "snapshots", commit)
+        if os.path.isfile(os.path.join(candidate, "config.json")):
+            return candidate
+    if revision and os.path.isfile(os.path.join(repo, "snapshots", revision, "config.json")):
+        return os.path.join(repo, "snapshots", revision)
+    found = glob.glob(os.path.join(repo, "snapshots", "*", "config.json"))
+    if not found:
+        return None
+    return os.path.dirname(max(found, key=os.path.getmtime))
+
+
+def weights_bytes_in(directory: str) -> tuple[int | None, str]:
+    """Checkpoint bytes from the safetensors index, else the *.safetensors (or *.bin) file sizes."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        p = os.path.join(directory, index)
+        try:
+            with open(p, encoding="utf-8") as f:
+                total = json.load(f).get("metadata", {}).get("total_size")
+            if isinstance(total, (int, float)) and total > 0:
+                return int(total), "index"
+        except (OSError, ValueError, AttributeError):
+            continue
+    for pattern in ("*.safetensors", "*.bin"):
+        files = glob.glob(os.path.join(directory, pattern))
+        sizes = []
+        for p in files:
+            try:
+                sizes.append(os.stat(p).st_size)   # follows the hub cache's blob symlinks
+            except OSError:
+                pass
+        if sizes and sum(sizes) > 0:
+            return sum(sizes), "files"
+    return None, ""
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def fetch_config(model_id: str, revision: str | None = None, timeout: float = 3.0) -> dict[str, Any] | None:
+    """config.json from the Hugging Face Hub, or None at the first sign of trouble (no network, 401, 404)."""
+    try:
+        import httpx
+    except ImportError:
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/{model_id}/resolve/{revision or 'main'}/config.json"
+    headers = {}
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        r = httpx.get(url, headers=headers, timeout=timeout, follow_redirects=True)
+        if r.status_code != 200:
+            return None
+        data = r.json()
+        return data if isinstance(data, dict) else None
+    except Exception:   # any network or decode failure means "not available", never an error
+        return None
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def load_model_info(model: str, *, revision: str | None = None, online: bool | None = None) -> ModelInfo | None:
+    """ModelInfo for a local dir, a config.json path, or a Hub id (cache first, then the Hub if online); None if unreadable."""
+    if not model:
+        return None
+    path = os.path.expanduser(model)
+    if os.path.isfile(path) and os.path.basename(path).endswith(".json"):
+        directory = os.path.dirname(os.path.abspath(path))
+        config = _read_json(path)
+    elif os.path.isdir(path):
+        directory = os.path.abspath(path)
+        config = _read_json(os.path.join(directory, "config.json"))
+    else:
+        directory = _snapshot_dir(model, revision) if model.count("/") == 1 else None
+        config = _read_json(os.path.join(directory, "config.json")) if directory else None
+        if config is None:
+            if online is None:
+                online = not _offline()
+            if not online or _offline() or model.count("/") != 1:
+                return None
+            config = fetch_config(model, revision)
+            if config is None:
+                return None
+            return model_info_from_config(config, name=model, path=None)
+    if config is None:
+        return None
+    weights, source = weights_bytes_in(directory)
+    return model_info_from_config(config, name=model, path=directory, weights_bytes=weights, weights_source=source)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,9 +18,8 @@ from typing import Any, Mapping, TextIO
 
 import httpx
 
-from supervisor.shell import auth
 from supervisor import config
-from supervisor.shell import status_server as status
+from supervisor.shell import auth, statedir
 from supervisor.shell.probe import probe_host
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
@@ -61,15 +61,15 @@ def find_endpoint(args: argparse.Namespace, environ: Mapping[str, str]) -> Endpo
         cfg = config.resolve(args, environ, require_model=False)
     except config.ConfigError as exc:
         raise ClientError(f"vllm-guard: {exc}") from None
-    data = status.read_endpoint_file(cfg.state_dir)
+    data = read_endpoint_file(cfg.state_dir)
     pid: int | None = None
     token_file = cfg.status.token_file or None
     host, port = cfg.status.host, cfg.status.port
     if data is not None:
         pid = data.get("pid") if isinstance(data.get("pid"), int) else None
-        if pid is not None and not status.pid_alive(pid):
+        if pid is not None and not pid_alive(pid):
             raise ClientError(f"vllm-guard is not running (pid {pid} from "
-                              f"{cfg.state_dir}/{status.ENDPOINT_FILE} is gone)")
+                              f"{cfg.state_dir}/{statedir.GUARD_INFO} is gone)")
         if not isinstance(data.get("status_port"), int) and getattr(args, "status_port", None) is None:
             raise ClientError(f"vllm-guard (pid {pid}) has no status endpoint "
                               f"(still starting, or status.port = 0)")
@@ -102,6 +102,29 @@ def _request(ep: Endpoint, method: str, path: str) -> httpx.Response:
     if response.status_code == 403:
         raise ClientError("the guard rejected the token (it changes each start unless you set one)")
     return response
+
+
+def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
+    """``<state_dir>/guard.json``, which a guard writes when it takes the state dir and again once its
+    status endpoint listens (``status_port``); None when absent or unreadable."""
+    try:
+        data = statedir.read_json(f"{state_dir}/{statedir.GUARD_INFO}")
+    except statedir.StateError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (EPERM counts as alive: it is someone else's)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # -- rendering ------------------------------------------------------------------------------------

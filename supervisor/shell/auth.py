@@ -138,12 +138,24 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: assume it can be reached from elsewhere
 
 
-def check_bind(host: str, explicit_token: bool) -> None:
-    """Refuse a status endpoint on a reachable address guarded only by a generated token."""
-    if not is_loopback(host) and not explicit_token:
+#: The shortest token accepted for a status endpoint other machines can reach.
+MIN_REMOTE_TOKEN = 16
+
+
+def check_bind(host: str, explicit_token: bool, token: str) -> None:
+    """Refuse a status endpoint on a reachable address guarded only by a generated token, or by a
+    token shorter than :data:`MIN_REMOTE_TOKEN` characters (guessable over the network)."""
+    if is_loopback(host):
+        return
+    if not explicit_token:
         raise ConfigError(
             f"status.host = {host!r} is reachable from other machines; set {TOKEN_ENV} or "
             f"status.token_file (--token-file) to a token of your own, or bind 127.0.0.1"
+        )
+    if len(token) < MIN_REMOTE_TOKEN:
+        raise ConfigError(
+            f"status.host = {host!r} is reachable from other machines, and the token is {len(token)} characters; "
+            f"use at least {MIN_REMOTE_TOKEN} (e.g. `openssl rand -hex 24`), or bind 127.0.0.1"
         )
 
 
@@ -212,6 +224,37 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
 def redact_env(environ: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``environ`` with secret-named variables masked."""
     return {k: (MASK if is_secret_name(k) and v else redact_text(v)) for k, v in environ.items()}
+
+
+def restore_masked(argv: Iterable[str], source: Iterable[str]) -> list[str]:
+    """``argv`` whose masked secret values (``--api-key ***``) are taken back from ``source`` (the
+    user's own flags); a masked value ``source`` does not have is dropped with its flag."""
+    values: dict[str, str] = {}
+    src = [str(t) for t in source]
+    for i, token in enumerate(src):
+        name, eq, value = token.partition("=")
+        if token.startswith("-") and is_secret_name(name):
+            if eq:
+                values[name] = value
+            elif i + 1 < len(src):
+                values[name] = src[i + 1]
+    out: list[str] = []
+    tokens = [str(t) for t in argv]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, value = token.partition("=")
+        if token.startswith("-") and is_secret_name(name):
+            masked = value if eq else (tokens[i + 1] if i + 1 < len(tokens) else "")
+            step = 1 if eq else 2
+            if masked == MASK:
+                if name in values:
+                    out += [f"{name}={values[name]}"] if eq else [name, values[name]]
+                i += step
+                continue
+        out.append(token)
+        i += 1
+    return out
 
 
 def argv_secrets(argv: Iterable[str]) -> list[str]:

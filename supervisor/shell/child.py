@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
+import threading
 from typing import Callable, Mapping, Sequence
 
 from supervisor.shell import procs
@@ -170,8 +170,9 @@ class Child:
         assert self.proc is not None
         return await self.proc.wait()
 
-    async def stop(self, grace: float) -> int | None:
-        """SIGTERM the group and every process of the launch, SIGKILL after ``grace``, reap."""
+    async def stop(self, grace: float, hurry: threading.Event | None = None) -> int | None:
+        """SIGTERM the group and every process of the launch, SIGKILL after ``grace`` (at once when
+        ``hurry`` is set), reap."""
         if self.proc is None:
             return None
         import psutil
@@ -188,7 +189,7 @@ class Child:
         if self.state_dir:
             victims.extend(p for p in procs.marked_processes(self.state_dir)
                            if p.pid not in {v.pid for v in victims})
-        await procs.end_processes_async(victims, self.pgid, grace)
+        await procs.end_processes_async(victims, self.pgid, grace, hurry)
         try:
             code = await asyncio.wait_for(self.proc.wait(), timeout=max(grace, 1.0) + 5)
         except asyncio.TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
@@ -209,13 +210,3 @@ class Child:
         done, pending = await asyncio.wait(self._readers, timeout=timeout)
         for t in pending:
             t.cancel()
-
-
-def passthrough(line: bytes, stream: str) -> None:
-    """Write one vLLM line to the guard's own stdout/stderr, unchanged."""
-    out = sys.stdout if stream == "stdout" else sys.stderr
-    try:
-        out.buffer.write(line + b"\n")
-        out.flush()
-    except (ValueError, OSError, AttributeError):
-        pass

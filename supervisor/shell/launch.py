@@ -9,6 +9,7 @@ ended as an :class:`~supervisor.core.session.Outcome`; what to do next is the se
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -59,9 +60,13 @@ class Watcher:
     fatal_at: float | None = None
     last_output: float = field(default_factory=time.monotonic)
     bounds: Bounds | None = None
+    hurry: threading.Event | None = None    # set by a second stop request: SIGKILL without the grace
+    clean: Callable[[bytes], bytes] | None = None   # masks secrets in each line
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
+        if self.clean is not None:
+            line = self.clean(line)       # secrets out before anything keeps or shows the line
         self.hooks.on_line(line, stream)
         d = self.classifier.feed(line)
         if d is not None and self.first_fatal is None:
@@ -108,21 +113,21 @@ class Watcher:
                 if control_task.done():
                     cmd, args = control_task.result()
                     end = STOPPED if cmd == "stop" else (RESET if args.get("reset") else RESTART)
-                    code = await self.child.stop(t.stop_grace)
+                    code = await self.child.stop(t.stop_grace, self.hurry)
                     return self._result(end, Diagnosis(Kind.HEALTHY, detail=f"{cmd} requested"),
                                         healthy_at, started, code)
                 # -- the process exited (any code: vLLM exits 0 after its engine dies) --
                 if exit_task.done():
                     code = exit_task.result()
                     await self.child.drain()
-                    await self.child.stop(t.stop_grace)     # its engine/workers may linger
+                    await self.child.stop(t.stop_grace, self.hurry)     # its engine/workers may linger
                     return self._ended(code, healthy_at, started, exits.describe(code))
                 # -- a fatal line: collect what follows briefly, then stop without waiting --
                 # (While serving, a fatal-looking line alone does not end a launch that still
                 # answers: the exit, a lost engine process or failed probes decide.)
                 if self.fatal_at is not None and now >= self.fatal_at + t.collect_after_fatal \
                         and (healthy_at is None or self._lost):
-                    code = await self.child.stop(t.stop_grace)
+                    code = await self.child.stop(t.stop_grace, self.hurry)
                     return self._ended(code, healthy_at, started, "fatal error")
                 # -- probes: one at a time, never blocking this loop --
                 if probe_task is not None and probe_task.done():
@@ -141,7 +146,7 @@ class Watcher:
                         failures += 1
                         self.hooks.on_unhealthy(r.error or f"HTTP {r.status}")
                         if failures >= t.health_failures:
-                            code = await self.child.stop(t.stop_grace)
+                            code = await self.child.stop(t.stop_grace, self.hurry)
                             d = self._verdict(code) if self.first_fatal else Diagnosis(
                                 Kind.ENGINE_DEAD,
                                 evidence=f"{failures} health probes failed in a row: {r.error}",
@@ -167,11 +172,11 @@ class Watcher:
                 # -- start-up deadlines --
                 if healthy_at is None:
                     if now - started > t.startup_timeout:
-                        code = await self.child.stop(t.stop_grace)
+                        code = await self.child.stop(t.stop_grace, self.hurry)
                         return self._timeout(code, started,
                                              f"not healthy within {t.startup_timeout:g} s")
                     if now - self.last_output > t.stall_timeout:
-                        code = await self.child.stop(t.stop_grace)
+                        code = await self.child.stop(t.stop_grace, self.hurry)
                         return self._timeout(code, started,
                                              f"no output for {t.stall_timeout:g} s while starting")
                 waits = [exit_task, nudge_task, control_task]

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,7 +38,6 @@ _LINUX = sys.platform.startswith("linux")
 # Loaded now, not in the forked child: dlopen after fork can deadlock on the loader lock.
 _LIBC = ctypes.CDLL(None, use_errno=True) if _LINUX else None
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _forking_pid = 0
 
 
@@ -87,17 +87,6 @@ def preexec_pdeathsig() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the guard died before prctl took effect: die now, as it would
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process (Linux), so it can see and reap them.
-
-    Optional: a subreaper must then reap every orphan that dies (asyncio reaps only its own
-    children); :func:`end_processes` reaps the ones it ends.
-    """
-    if _LIBC is None:
-        return False
-    return _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 # --- the launch record ----------------------------------------------------------------------
@@ -225,11 +214,11 @@ def _signal(procs: Iterable[psutil.Process], pgid: int | None, sig: int) -> None
             p.send_signal(sig)  # psutil checks create_time first: a reused pid is not signalled
 
 
-def _wait(procs: list[psutil.Process], deadline: float) -> list[psutil.Process]:
+def _wait(procs: list[psutil.Process], deadline: float, hurry: threading.Event | None = None) -> list[psutil.Process]:
     delay = 0.01
     while True:
         alive = [p for p in procs if not _gone(p)]
-        if not alive or time.monotonic() >= deadline:
+        if not alive or time.monotonic() >= deadline or (hurry is not None and hurry.is_set()):
             return alive
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.1)
@@ -254,8 +243,10 @@ def _reap(procs: Iterable[psutil.Process]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def end_processes(procs: Iterable[psutil.Process], pgid: int | None, grace: float) -> list[int]:
-    """SIGTERM the group and each process, SIGKILL what is left after ``grace``; return ended pids.
+def end_processes(procs: Iterable[psutil.Process], pgid: int | None, grace: float,
+                  hurry: threading.Event | None = None) -> list[int]:
+    """SIGTERM the group and each process, SIGKILL what is left after ``grace`` (or as soon as
+    ``hurry`` is set: a second stop request); return ended pids.
 
     Never signals this process or its ancestors, nor our own process group. Zombies count as
     ended; those that are our children are reaped.
@@ -273,7 +264,7 @@ def end_processes(procs: Iterable[psutil.Process], pgid: int | None, grace: floa
                 targets.setdefault(p.pid, p)
     started = [p for p in targets.values() if not _gone(p)]
     _signal(started, pgid, signal.SIGTERM)
-    alive = _wait(started, time.monotonic() + grace)
+    alive = _wait(started, time.monotonic() + grace, hurry)
     if pgid is not None:  # a member forked after our scan still gets the SIGKILL by group
         alive += [p for p in _group_members(pgid) if p.pid not in targets and not _gone(p)]
     if alive:
@@ -285,10 +276,10 @@ def end_processes(procs: Iterable[psutil.Process], pgid: int | None, grace: floa
 
 
 async def end_processes_async(
-    procs: Iterable[psutil.Process], pgid: int | None, grace: float
+    procs: Iterable[psutil.Process], pgid: int | None, grace: float, hurry: threading.Event | None = None
 ) -> list[int]:
     """:func:`end_processes` without blocking the event loop (the waiting runs in a thread)."""
-    return await asyncio.to_thread(end_processes, list(procs), pgid, grace)
+    return await asyncio.to_thread(end_processes, list(procs), pgid, grace, hurry)
 
 
 def sweep_orphans(state_dir: str, grace: float = 5.0) -> list[dict[str, Any]]:

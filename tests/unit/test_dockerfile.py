@@ -28,6 +28,7 @@ from supervisor import config
 from supervisor.cli import build_parser
 from supervisor.shell.metrics import Metrics
 from supervisor.shell.status_server import StatusServer
+from tests.fakes.serve import serving
 
 dockerfile_parse = pytest.importorskip("dockerfile_parse")
 
@@ -209,10 +210,14 @@ def test_a_reachable_status_endpoint_needs_a_token_of_your_own(clean_env: dict[s
     _token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", clean_env)
     assert generated and not explicit
     with pytest.raises(config.ConfigError, match="VLLM_GUARD_TOKEN"):
-        auth.check_bind(cfg.status.host, explicit)
-    clean_env["VLLM_GUARD_TOKEN"] = "a-token-of-my-own"
-    _token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", clean_env)
-    auth.check_bind(cfg.status.host, explicit)  # no error
+        auth.check_bind(cfg.status.host, explicit, _token)
+    clean_env["VLLM_GUARD_TOKEN"] = "short"
+    token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", clean_env)
+    with pytest.raises(config.ConfigError, match="at least 16"):
+        auth.check_bind(cfg.status.host, explicit, token)      # guessable over the network
+    clean_env["VLLM_GUARD_TOKEN"] = "a-token-of-my-own-long-enough"
+    token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", clean_env)
+    auth.check_bind(cfg.status.host, explicit, token)  # no error
     assert explicit and generated is None
 
 
@@ -245,13 +250,10 @@ def test_healthcheck_asks_the_guard_not_vllm() -> None:
 def test_healthcheck_passes_while_the_guard_answers_even_if_vllm_is_not_ready() -> None:
     server = StatusServer("127.0.0.1", 0, "healthcheck-token", lambda: {"state": "starting"},
                           lambda name, params: None, Metrics(), lambda: False)
-    server.start()
-    try:
+    with serving(server):
         assert httpx.get(f"{server.url}/ready").status_code == 503  # vLLM still loading
         assert run_healthcheck(server.port) == 0
         port = server.port
-    finally:
-        server.stop()
     assert run_healthcheck(port) != 0  # nobody listens any more: unhealthy
 
 

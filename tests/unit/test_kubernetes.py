@@ -293,9 +293,9 @@ def test_tokens_come_from_the_secret(variant: str, tmp_path: Path) -> None:
     assert not secret_args, "a secret in args shows in `kubectl get -o yaml`; use env from the Secret"
     # The status endpoint on the pod IP with that token: the guard's own bind check passes.
     environ = container_environ(c, tmp_path)
-    _token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", environ)
+    token, generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", environ)
     assert explicit and generated is None
-    auth.check_bind(guard_config(c, tmp_path).status.host, explicit)
+    auth.check_bind(guard_config(c, tmp_path).status.host, explicit, token)
 
 
 def test_the_secret_example_holds_only_placeholders() -> None:

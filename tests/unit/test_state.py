@@ -133,7 +133,7 @@ def test_second_guard_on_a_state_dir_is_refused_naming_the_first(tmp_path):
         assert json.loads((d / "guard.lock").read_text())["pid"] == os.getpid()
         lock.publish(status_port=9000)
         assert json.loads((d / "guard.json").read_text())["status_port"] == 9000
-    assert not (d / "guard.json").exists()
+    assert json.loads((d / "guard.json").read_text())["status_port"] == 9000   # kept: clients name the port it used
 
 
 # --- GPU turns ------------------------------------------------------------------------------
@@ -288,30 +288,39 @@ def test_gpu_lock_dir_is_shared_and_writable():
     assert os.access(d, os.W_OK) and stat.S_IMODE(d.stat().st_mode) & 0o1000
 
 
-def test_guards_turn_times_out_as_tempfail_and_releases_early(gpu_key):
-    from supervisor.config import GuardConfig
+def test_the_turn_times_out_as_tempfail_releases_early_and_ends_at_once_on_stop(gpu_key):
     from supervisor.errors import Refused
-    from supervisor.shell.guard import Guard
+    from supervisor.shell.gpus import Gpus
 
-    g = Guard(GuardConfig(model="m", startup_timeout=0.4), environ={})
-    g._gpu_key = gpu_key
     waits: list[str] = []
 
     async def held_elsewhere():
+        gpus = Gpus(None, {}, "/nonexistent", gpu_key, (), asyncio.Event())
         async with state.gpu_turn_async(gpu_key, timeout=1, on_wait=lambda: waits.append("mine")):
             with pytest.raises(Refused) as e:
-                async with g._gpu_turn():
+                async with gpus.turn(0.4):
                     pytest.fail("the turn was taken twice")
             assert e.value.exit_code == 75 and "still held by" in str(e.value)
-        assert g._turn is None
+
+    async def stop_while_waiting():
+        stop = asyncio.Event()
+        gpus = Gpus(None, {}, "/nonexistent", gpu_key, (), stop)
+        async with state.gpu_turn_async(gpu_key, timeout=5):
+            asyncio.get_running_loop().call_later(0.2, stop.set)
+            t0 = time.monotonic()
+            async with gpus.turn(1800) as ours:
+                assert ours is False                      # no turn: the guard stops instead
+            assert time.monotonic() - t0 < 2              # at once, not at the 1800 s deadline
 
     async def ours_then_released_early():
-        async with g._gpu_turn():
-            assert g._turn is not None
-            g._release_turn()                     # healthy: the next guard may start now
+        gpus = Gpus(None, {}, "/nonexistent", gpu_key, (), asyncio.Event())
+        async with gpus.turn(5) as ours:
+            assert ours is True
+            gpus.release_turn()                   # healthy: the next guard may start now
             async with state.gpu_turn_async(gpu_key, timeout=0.5):
                 waits.append("next guard went ahead")
 
     asyncio.run(held_elsewhere())
+    asyncio.run(stop_while_waiting())
     asyncio.run(ours_then_released_early())
     assert waits == ["next guard went ahead"]        # the first turn was free: no wait was announced

@@ -12,12 +12,13 @@ import sys
 
 import pytest
 
-from supervisor.shell import auth
 from supervisor.cli import client as cli_client
-from supervisor.shell import status_server as status
 from supervisor.config import ConfigError
+from supervisor.shell import auth
 from supervisor.shell.metrics import Metrics
+from supervisor.shell.statedir import StateDirLock
 from supervisor.shell.status_server import StatusServer
+from tests.fakes.serve import serving
 
 SNAP = {
     "state": "healthy",
@@ -84,14 +85,17 @@ def test_check_token(header, expected):
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "[::1]", "localhost"])
 def test_loopback_binds_need_no_explicit_token(host):
-    auth.check_bind(host, explicit_token=False)
+    auth.check_bind(host, False, "")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "guard.example.com"])
 def test_reachable_binds_need_an_explicit_token(host):
     with pytest.raises(ConfigError, match="reachable from other machines"):
-        auth.check_bind(host, explicit_token=False)
-    auth.check_bind(host, explicit_token=True)
+        auth.check_bind(host, False, "a-generated-token-that-is-long")
+    with pytest.raises(ConfigError, match="at least 16"):
+        auth.check_bind(host, True, "x")
+    auth.check_bind(host, True, "a-token-of-my-own-long-enough")
+    auth.check_bind("127.0.0.1", True, "x")          # loopback: any token
 
 
 # -- redaction ----------------------------------------------------------------------------------------
@@ -121,22 +125,21 @@ def test_redact_text_catches_known_token_shapes():
 
 # -- the endpoint file ----------------------------------------------------------------------------------
 
-def test_endpoint_file_round_trip(tmp_path):
-    path = status.write_endpoint_file(str(tmp_path), pid=os.getpid(), status_host="127.0.0.1",
-                                      status_port=8077, token_file=str(tmp_path / "token"))
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert status.read_endpoint_file(str(tmp_path)) == {
-        "pid": os.getpid(), "status_host": "127.0.0.1", "status_port": 8077, "token_file": str(tmp_path / "token")}
-    status.remove_endpoint_file(str(tmp_path), pid=os.getpid() + 1)   # not ours: kept
-    assert status.read_endpoint_file(str(tmp_path)) is not None
-    status.remove_endpoint_file(str(tmp_path), pid=os.getpid())
-    assert status.read_endpoint_file(str(tmp_path)) is None
-    status.remove_endpoint_file(str(tmp_path))                       # absent: fine
+def test_the_guard_announces_its_endpoint_and_clients_read_it(tmp_path):
+    with StateDirLock(str(tmp_path)) as lock:
+        lock.publish(status_host="127.0.0.1", status_port=8077, token_file=str(tmp_path / "token"))
+        assert stat.S_IMODE(os.stat(tmp_path / "guard.json").st_mode) == 0o600
+        got = cli_client.read_endpoint_file(str(tmp_path))
+        assert got is not None and (got["pid"], got["status_port"]) == (os.getpid(), 8077)
+    # kept after the guard stops: a client then says the guard's pid is gone, on the port it used
+    assert cli_client.read_endpoint_file(str(tmp_path))["status_port"] == 8077
 
 
 def test_unreadable_endpoint_file_reads_as_absent(tmp_path):
     (tmp_path / "guard.json").write_text("{not json")
-    assert status.read_endpoint_file(str(tmp_path)) is None
+    assert cli_client.read_endpoint_file(str(tmp_path)) is None
+    (tmp_path / "guard.json").write_bytes(bytes(range(256)))
+    assert cli_client.read_endpoint_file(str(tmp_path)) is None
 
 
 # -- the clients ----------------------------------------------------------------------------------------
@@ -156,11 +159,9 @@ def running(tmp_path):
     token, token_path, _ = auth.resolve_token(str(state), "", {})
     inbox = Inbox()
     srv = StatusServer("127.0.0.1", 0, token, lambda: SNAP, inbox, Metrics(), lambda: True)
-    srv.start()
-    status.write_endpoint_file(str(state), pid=os.getpid(), status_host="127.0.0.1",
-                               status_port=srv.port, token_file=token_path)
-    yield str(state), inbox
-    srv.stop()
+    with serving(srv), StateDirLock(str(state)) as lock:
+        lock.publish(status_host="127.0.0.1", status_port=srv.port, token_file=token_path)
+        yield str(state), inbox
 
 
 def run(command: str, *argv: str, environ: dict | None = None) -> tuple[int, str, str]:
@@ -215,8 +216,7 @@ def test_no_guard_running_is_exit_1(tmp_path):
 def test_stale_endpoint_file_is_not_running(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    status.write_endpoint_file(str(tmp_path), pid=dead.pid, status_host="127.0.0.1", status_port=9,
-                               token_file=None)
+    (tmp_path / "guard.json").write_text(json.dumps({"pid": dead.pid, "status_host": "127.0.0.1", "status_port": 9}))
     code, _, err = run("stop", "--state-dir", str(tmp_path))
     assert code == 1 and f"pid {dead.pid}" in err and "is gone" in err
 

@@ -12,6 +12,7 @@ import difflib
 import math
 import os
 import shlex
+import stat
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -137,6 +138,7 @@ class GuardConfig:
 
 
 SYSTEM_CONFIG = "/etc/vllm-guard/config.toml"
+MAX_CONFIG_BYTES = 1 << 20
 ENV_PREFIX = "VLLM_GUARD_"
 ENV_CONFIG = "VLLM_GUARD_CONFIG"
 
@@ -265,6 +267,8 @@ def _check(key: str, value: Any, where: str) -> Any:
     elif spec.kind is str:
         if not isinstance(value, str):
             raise ConfigError(f"{shown}: must be a string")
+        if "\x00" in value:
+            raise ConfigError(f"{shown}: contains a NUL character")
         if key in _NON_EMPTY and not value.strip():
             raise ConfigError(f"{shown}: must not be empty")
         if key == "vllm_command":
@@ -280,6 +284,8 @@ def _check(key: str, value: Any, where: str) -> Any:
                 raise ConfigError(f"{shown}: {exc}") from None
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{shown}: must be a list of strings")
+        if any("\x00" in v for v in value):
+            raise ConfigError(f"{shown}: contains a NUL character")
         value = tuple(value)
         if key.startswith("remedies."):
             bad = [v for v in value if v not in REMEDY_NAMES]
@@ -325,13 +331,22 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = str(path)
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ConfigError(f"config file {path} is not a regular file")
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 10} KiB")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): a TOML file must be") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory") from None
     flat: dict[str, Any] = {}
     for name, value in data.items():
         if name in _SECTIONS:

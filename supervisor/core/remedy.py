@@ -447,6 +447,9 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
         if ctx.gpu_free_gib and ctx.gpu_total_gib:
             target = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
                                             margin=rules.utilization_margin)
+        asked = ctx.requested.get_float(UTIL)
+        if asked is not None:
+            target = min(target, asked)     # a share the user set is a ceiling (a shared GPU's neighbours)
         if target > now:
             return _set(current, UTIL, target,
                         f"no memory was left for the KV cache at {now:.2f}; "

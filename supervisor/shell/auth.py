@@ -14,6 +14,7 @@ import ipaddress
 import os
 import re
 import secrets
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -51,15 +52,27 @@ class TokenError(ConfigError):
 
 # -- tokens ---------------------------------------------------------------------------------------
 
+MAX_TOKEN_FILE = 4096      # a token file is a line; /dev/zero or a log file is not read to the end
+
+
 def _read_token(path: str) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8").strip()
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise TokenError(f"token file {path} is not a regular file")
+            raw = f.read(MAX_TOKEN_FILE + 1)
     except FileNotFoundError:
         raise TokenError(f"token file {path} does not exist") from None
     except OSError as exc:
         raise TokenError(f"cannot read token file {path}: {exc.strerror}") from None
-    if not text:
-        raise TokenError(f"token file {path} is empty")
+    if len(raw) > MAX_TOKEN_FILE:
+        raise TokenError(f"token file {path} is larger than {MAX_TOKEN_FILE} bytes; it should hold one token")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise TokenError(f"token file {path} is not UTF-8 text") from None
+    if not text or any(c.isspace() or not c.isprintable() for c in text):
+        raise TokenError(f"token file {path} is {'empty' if not text else 'not one printable token'}")
     return text
 
 

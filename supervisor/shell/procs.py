@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.shell.statedir import ensure_dir, read_json, write_json
+from supervisor.shell.statedir import StateError, ensure_dir, read_json, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
 LAUNCH_FILE = "launch.json"
@@ -123,16 +123,37 @@ def record_launch(state_dir: str, pid: int, pgid: int) -> None:
 
 def note_tree(state_dir: str, procs: Iterable[psutil.Process]) -> None:
     """Add processes (e.g. :func:`snapshot_tree` once healthy) to ``launch.json`` by pid+create_time."""
-    path = _launch_path(state_dir)
-    record = read_json(path)
-    if not isinstance(record, dict):
+    record = _read_record(state_dir)
+    if record is None:
         return
-    known = {(e["pid"], e["create_time"]) for e in record.get("tree", [])}
+    tree = _tree(record)
+    known = {(e.get("pid"), e.get("create_time")) for e in tree}
     for p in procs:
         ident = _identity(p.pid)
         if ident and (ident["pid"], ident["create_time"]) not in known:
-            record.setdefault("tree", []).append(ident)
-    write_json(path, record, 0o600)
+            tree.append(ident)
+    record["tree"] = tree
+    write_json(_launch_path(state_dir), record, 0o600)
+
+
+def _read_record(state_dir: str) -> dict[str, Any] | None:
+    """``launch.json``, or None when absent; one that cannot be trusted is set aside (the marker scan
+    still finds the processes of its launch)."""
+    path = _launch_path(state_dir)
+    try:
+        record = read_json(path)
+    except StateError as e:
+        set_aside(path, str(e))
+        return None
+    if record is not None and not isinstance(record, dict):
+        set_aside(path, f"{path} holds {type(record).__name__}, not a launch record")
+        return None
+    return record
+
+
+def _tree(record: dict[str, Any]) -> list[dict[str, Any]]:
+    tree = record.get("tree")
+    return [e for e in tree if isinstance(e, dict)] if isinstance(tree, list) else []
 
 
 def clear_launch(state_dir: str) -> None:
@@ -290,12 +311,12 @@ def sweep_orphans(state_dir: str, grace: float = 5.0) -> list[dict[str, Any]]:
     descendants of all of those. Everything else is left alone, however much it looks like vLLM.
     """
     sid = state_id(state_dir)
-    record = read_json(_launch_path(state_dir))  # a broken record is a StateError: say so, guess nothing
+    record = _read_record(state_dir)
     found: dict[int, psutil.Process] = {}
     pgid = None
-    if isinstance(record, dict):
+    if record is not None:
         leader = _verified(record.get("pid"), record.get("create_time"))
-        for entry in [*record.get("tree", [])]:
+        for entry in _tree(record):
             if isinstance(entry, dict) and (p := _verified(entry.get("pid"), entry.get("create_time"))):
                 found[p.pid] = p
         rec_pgid = record.get("pgid")

@@ -116,6 +116,9 @@ ROWS = [
         "--max-model-len 8192 --max-num-seqs 64", knows={"last_good": Flags.parse("--max-model-len 8192 --max-num-seqs 64")},
         then="--max-model-len 8192 --max-num-seqs 32", step="oom_runtime", backoff=True),
     Row("OOM loading weights, no CPU offload allowed", D(Kind.OOM_WEIGHTS), gives_up=EX_TEMPFAIL, says="quantized"),
+    Row("no KV memory with the share the user set: never above it (a shared GPU), eager mode first",
+        D(NO_KV), "--gpu-memory-utilization 0.4", then="--gpu-memory-utilization 0.4 --enforce-eager",
+        step="no_kv:enforce_eager"),
     Row("no KV memory, CPU offload allowed", D(NO_KV),
         knows={"rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=8), "vllm_version": "0.10.2"},
         then="--cpu-offload-gb 8", step="no_kv:cpu_offload"),
@@ -181,12 +184,12 @@ class Ladder:
 
 LADDERS = [
     Ladder("no KV memory: share, eager mode, batch, sequences, then give up (offload is off by default)",
-           D(NO_KV), "--gpu-memory-utilization 0.7 --max-model-len 8192",
+           D(NO_KV), "--max-model-len 8192",
            ("no_kv:gpu_memory_utilization", "no_kv:enforce_eager", "no_kv:max_num_batched_tokens",
             "no_kv:max_num_seqs"),
-           # an unknown version is planned with the newest rules: vLLM's default share is 0.92
-           "--gpu-memory-utilization 0.92 --max-model-len 8192 --enforce-eager --max-num-batched-tokens 1024 "
-           "--max-num-seqs 128"),
+           # 78 of 79.19 GiB free: (78 - 0.4 CUDA context) / 79.19 - 0.005 = 0.9749 -> 0.97, above vLLM's 0.92
+           "--max-model-len 8192 --gpu-memory-utilization 0.97 --enforce-eager --max-num-batched-tokens 1024 "
+           "--max-num-seqs 128", {"gpu_free_gib": 78.0, "gpu_total_gib": 79.19}),
     Ladder("OOM while profiling: half the sequences vLLM warmed up, fewer batched tokens, a lower share",
            D(Kind.OOM_PROFILE, num_dummy_requests=1024), "",
            ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens", "oom_profile:lower_utilization"),

@@ -188,8 +188,9 @@ LADDERS = [
            ("no_kv:gpu_memory_utilization", "no_kv:enforce_eager", "no_kv:max_num_batched_tokens",
             "no_kv:max_num_seqs"),
            # 78 of 79.19 GiB free: (78 - 0.4 CUDA context) / 79.19 - 0.005 = 0.9749 -> 0.97, above vLLM's 0.92
-           "--max-model-len 8192 --gpu-memory-utilization 0.97 --enforce-eager --max-num-batched-tokens 1024 "
-           "--max-num-seqs 128", {"gpu_free_gib": 78.0, "gpu_total_gib": 79.19}),
+           # and an 80 GB card's defaults are 8192 batched tokens and 1024 sequences: halved
+           "--max-model-len 8192 --gpu-memory-utilization 0.97 --enforce-eager --max-num-batched-tokens 4096 "
+           "--max-num-seqs 512", {"gpu_free_gib": 78.0, "gpu_total_gib": 79.19}),
     Ladder("OOM while profiling: half the sequences vLLM warmed up, fewer batched tokens, a lower share",
            D(Kind.OOM_PROFILE, num_dummy_requests=1024), "",
            ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens", "oom_profile:lower_utilization"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import math
 import os
 import shlex
@@ -18,6 +19,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+import yaml
 
 from supervisor.core.flags import Flags
 from supervisor.errors import ConfigError
@@ -101,11 +104,21 @@ class GuardConfig:
     stop_grace: float = 20.0          # SIGTERM -> SIGKILL of the process group
     collect_after_fatal: float = 2.0  # keep reading this long after the first fatal line
     quiet: bool = False
+    log_level: str = "info"           # debug | info | warning | error
+    log_format: str = "auto"          # auto (console on a terminal, else JSON lines) | json | console
+    notify_url: str = ""              # POST a JSON event here on failures, relaunches, healthy, giving up
     health: HealthConfig = field(default_factory=HealthConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
     backoff: BackoffConfig = field(default_factory=BackoffConfig)
     remedies: RemedyConfig = field(default_factory=RemedyConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    # Not a setting: vLLM's own --config YAML as arguments, read when the config is resolved.
+    vllm_file_args: tuple[str, ...] = ()
+
+    def requested_flags(self) -> Flags:
+        """The vLLM flags asked for: the command line's over those of vLLM's ``--config`` file."""
+        base = Flags.parse(list(self.vllm_file_args)) if self.vllm_file_args else None
+        return Flags.parse(list(self.vllm_args), base=base)
 
     @property
     def vllm_argv(self) -> list[str]:
@@ -114,7 +127,7 @@ class GuardConfig:
 
     def endpoint(self) -> tuple[str, int]:
         """Where vLLM will listen: ``--host``/``--port`` among the vLLM args win over ``host``/``port``."""
-        flags = Flags.parse(list(self.vllm_args))
+        flags = self.requested_flags()
         port = flags.get("--port")
         if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
             raise ConfigError(f"--port {port!r} in the vLLM arguments is not a port number")
@@ -182,6 +195,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "plan.margin": (0, 0.5, False),
 }
 _NON_EMPTY = {"host", "vllm_command", "status.host"}
+_CHOICES = {"log_level": ("debug", "info", "warning", "error"), "log_format": ("auto", "json", "console")}
 
 
 @dataclass(frozen=True)
@@ -191,12 +205,18 @@ class _Spec:
     default: Any
 
 
+#: GuardConfig fields that are derived, not set by a file, a variable or an option.
+_NOT_SETTINGS = frozenset({"vllm_file_args"})
+
+
 def _specs() -> dict[str, _Spec]:
     out: dict[str, _Spec] = {}
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
+            if f.name in _NOT_SETTINGS:
+                continue
             if f.name in _SECTIONS and not prefix:
                 walk(_SECTIONS[f.name], f.name + ".")
                 continue
@@ -271,6 +291,12 @@ def _check(key: str, value: Any, where: str) -> Any:
             raise ConfigError(f"{shown}: contains a NUL character")
         if key in _NON_EMPTY and not value.strip():
             raise ConfigError(f"{shown}: must not be empty")
+        if key in _CHOICES and value.lower() not in _CHOICES[key]:
+            raise ConfigError(f"{shown}: must be one of {', '.join(_CHOICES[key])}")
+        if key in _CHOICES:
+            value = value.lower()
+        if key == "notify_url" and value and not value.startswith(("http://", "https://")):
+            raise ConfigError(f"{shown}: must be an http:// or https:// URL")
         if key == "vllm_command":
             try:
                 shlex.split(value)
@@ -398,6 +424,9 @@ _OPTIONS: list[tuple[str, str, Any, str | None, str]] = [
     ("--no-learn", "plan.learn", False, None, "do not store or reuse flags that became healthy"),
     ("--auto-fit", "plan.auto_fit", True, None, "always use --max-model-len auto where vLLM has it (0.14+)"),
     ("--quiet", "quiet", True, None, "do not echo vLLM's output"),
+    ("--log-level", "log_level", str, "LEVEL", "debug, info (default), warning or error"),
+    ("--log-format", "log_format", str, "FORMAT", "json, console, or auto (console on a terminal)"),
+    ("--notify-url", "notify_url", str, "URL", "POST a JSON event here on failures, relaunches, healthy, giving up"),
 ]
 
 
@@ -481,6 +510,48 @@ def _take_model(model: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]
 
 # -- the whole ---------------------------------------------------------------------------------
 
+def _vllm_config_file(vllm_args: tuple[str, ...]) -> tuple[str, ...]:
+    """vLLM's ``--config`` YAML as the arguments vLLM makes of it (``load_config_file``): a flag per
+    key, ``true`` a switch, a list its items, a mapping JSON. The guard reads it only to know the
+    values; vLLM still reads the file, and a flag the guard changes goes on the command line, which
+    wins over the file."""
+    path = Flags.parse(list(vllm_args)).get("--config")
+    if not path:
+        return ()
+    if not path.endswith((".yaml", ".yml")):
+        raise ConfigError(f"vLLM's --config {path}: vLLM reads only .yaml/.yml files")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"vLLM's --config {path} is larger than {MAX_CONFIG_BYTES >> 10} KiB")
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"vLLM's --config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read vLLM's --config file {path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"vLLM's --config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return ()
+    if not isinstance(data, dict):
+        raise ConfigError(f"vLLM's --config file {path} must hold a mapping of flag: value")
+    out: list[str] = []
+    for key, value in data.items():
+        flag = "--" + str(key)
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    if any("\x00" in token for token in out):
+        raise ConfigError(f"vLLM's --config file {path} contains a NUL character")
+    return tuple(out)
+
+
 def build(values: Mapping[str, Any]) -> GuardConfig:
     """Make a GuardConfig from checked flat values (missing keys keep their defaults)."""
     top = {k: v for k, v in values.items() if "." not in k}
@@ -533,7 +604,10 @@ def resolve(
             vargs = _overlay_args(vargs, layer.pop("vllm_args"))
         values.update(layer)
     model, vargs = _take_model(values.get("model", ""), vargs)
-    values["model"], values["vllm_args"] = model, vargs
+    file_args = _vllm_config_file(vargs)
+    if not model:
+        model = Flags.parse(list(file_args)).get("--model") or ""
+    values["model"], values["vllm_args"], values["vllm_file_args"] = model, vargs, file_args
     home = environ.get("HOME") or str(Path.home())
     values["model"] = _expand(values["model"], home)  # a local checkpoint directory
     values["state_dir"] = _expand(values.get("state_dir") or default_state_dir(environ), home)

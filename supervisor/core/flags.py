@@ -99,15 +99,29 @@ class _Entry:
 
 
 class Flags:
-    """An ordered, immutable set of vLLM arguments."""
+    """An ordered, immutable set of vLLM arguments.
 
-    __slots__ = ("_entries",)
+    ``base`` holds flags vLLM reads from elsewhere (its ``--config`` YAML): they answer queries the
+    command line does not, but are not rendered by :meth:`argv` (vLLM reads the file itself), and
+    a flag set here overrides them, as the command line does for vLLM.
+    """
 
-    def __init__(self, entries: Iterable[_Entry] = ()) -> None:
+    __slots__ = ("_entries", "_base")
+
+    def __init__(self, entries: Iterable[_Entry] = (), base: "Flags | None" = None) -> None:
         self._entries: tuple[_Entry, ...] = tuple(entries)
+        self._base = base
+
+    @property
+    def base(self) -> "Flags | None":
+        return self._base
+
+    def with_base(self, base: "Flags | None") -> "Flags":
+        """These flags over ``base`` (flags vLLM reads from its config file)."""
+        return Flags(self._entries, base)
 
     @classmethod
-    def parse(cls, args: Sequence[str] | str) -> "Flags":
+    def parse(cls, args: Sequence[str] | str, base: "Flags | None" = None) -> "Flags":
         """Parse argv tokens (or a shell string) the way vLLM's argparse would see them."""
         tokens = shlex.split(args) if isinstance(args, str) else list(args)
         entries: list[_Entry] = []
@@ -128,12 +142,12 @@ class Flags:
             else:
                 entries.append(_Entry(name, tokens[i], keep_raw))
                 i += 1
-        return cls(entries)
+        return cls(entries, base)
 
     # -- queries ---------------------------------------------------------------------------
     def has(self, name: str) -> bool:
         name = canonical(name)
-        return any(e.name == name for e in self._entries)
+        return any(e.name == name for e in self._entries) or (self._base is not None and self._base.has(name))
 
     def get(self, name: str, default: str | None = None) -> str | None:
         """The value of the last occurrence (argparse semantics); ``""`` for a boolean flag."""
@@ -141,7 +155,7 @@ class Flags:
         for e in reversed(self._entries):
             if e.name == name:
                 return "" if e.value is None else e.value
-        return default
+        return self._base.get(name, default) if self._base is not None else default
 
     def world_size(self) -> int:
         """The GPUs one launch uses: --tensor-parallel-size x --pipeline-parallel-size."""
@@ -165,12 +179,14 @@ class Flags:
         """True for a boolean flag that is on (``--x`` present and not undone by ``--no-x``)."""
         name = canonical(name)
         neg = "--no-" + name[2:]
-        state = False
+        state, seen = False, False
         for e in self._entries:
             if e.name == name:
-                state = e.value is None or e.value.lower() not in ("false", "0", "no")
+                state, seen = e.value is None or e.value.lower() not in ("false", "0", "no"), True
             elif e.name == neg:
-                state = False
+                state, seen = False, True
+        if not seen and self._base is not None:
+            return self._base.enabled(name)
         return state
 
     def positionals(self) -> list[str]:
@@ -197,12 +213,13 @@ class Flags:
             out.append(e)
         if not placed:
             out.append(new)
-        return Flags(out)
+        return Flags(out, self._base)
 
     def remove(self, name: str) -> "Flags":
+        """Without ``name`` on the command line (a value from the config file still stands)."""
         name = canonical(name)
         neg = "--no-" + name[2:]
-        return Flags(e for e in self._entries if e.name not in (name, neg))
+        return Flags((e for e in self._entries if e.name not in (name, neg)), self._base)
 
     def argv(self) -> list[str]:
         out: list[str] = []
@@ -211,17 +228,19 @@ class Flags:
         return out
 
     def as_dict(self) -> dict[str, str]:
-        """Flag -> value (``""`` for booleans); the last occurrence wins."""
-        return {e.name: ("" if e.value is None else e.value) for e in self._entries if e.name}
+        """Flag -> value (``""`` for booleans), the config file's under the command line's."""
+        own = {e.name: ("" if e.value is None else e.value) for e in self._entries if e.name}
+        return {**(self._base.as_dict() if self._base is not None else {}), **own}
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Flags) and self.argv() == other.argv()
+        return isinstance(other, Flags) and self.argv() == other.argv() and self._base == other._base
 
     def __hash__(self) -> int:
-        return hash(tuple(self.argv()))
+        return hash((tuple(self.argv()), self._base))
 
     def __repr__(self) -> str:
-        return f"Flags({shlex.join(self.argv())!r})"
+        base = f", base={self._base!r}" if self._base is not None else ""
+        return f"Flags({shlex.join(self.argv())!r}{base})"
 
 
 def diff(before: Flags, after: Flags) -> dict[str, tuple[str | None, str | None]]:

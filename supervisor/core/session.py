@@ -126,11 +126,10 @@ class End:
 
 @dataclass(frozen=True)
 class Healthy:
-    """What a launch that just became healthy means: the flags to remember, and a summary."""
+    """What a launch that just became healthy means: the flags to remember, and why each differs."""
 
     learn: tuple[str, ...] | None              # argv to store as learned (None: do not store)
     reasons: Mapping[str, str]
-    summary: str
 
 
 Step = Launch | End
@@ -143,7 +142,7 @@ class Session:
                  on_state: Callable[[State, str], None] | None = None) -> None:
         self.cfg = cfg
         self.facts = facts
-        self.requested = Flags.parse(list(cfg.vllm_args))
+        self.requested = cfg.requested_flags()
         self.current = self.requested
         self.notes: dict[str, FlagNote] = {}
         self.flags_source = "user"             # user | plan | store
@@ -197,7 +196,7 @@ class Session:
         cfg, requested = self.cfg, self.requested
         learned = self._learned if cfg.plan.learn and use_learned else None
         if learned is not None:
-            flags = Flags.parse(list(learned.argv))
+            flags = Flags.parse(list(learned.argv), base=requested.base)
             for name, (was, now) in diff(requested, flags).items():
                 self._note(name, now, learned.reasons.get(name, "learned from an earlier healthy launch"), "store")
             self.flags_source = "store"
@@ -280,7 +279,13 @@ class Session:
             self.free_gib = free_gib
 
     def healthy(self, numbers: Mapping[str, Any], seconds: float) -> Healthy:
-        """The launch serves: note vLLM's auto-fit choice and say what to remember."""
+        """The launch serves: note vLLM's auto-fit choice and say what to remember.
+
+        Before vLLM 0.14 (no auto-fit) a length the plan or a heal cut is an estimate; vLLM has now
+        printed the KV cache it really has, so the flags remembered for the next start carry the
+        length that really fits (up to the one asked): nothing left on the table next time, and no
+        extra launch now.
+        """
         chosen = numbers.get("auto_fit_max_model_len")
         if chosen and self.current.auto_length():
             before = self.notes.get(MAX_MODEL_LEN)
@@ -289,11 +294,31 @@ class Session:
                 before.why if before else "--max-model-len auto as asked",
                 before.source if before else "user", f"vLLM's auto-fit chose {chosen} tokens for the KV cache")
         self._to(State.HEALTHY, f"launch {self.launches} serves")
-        changed = ", ".join(f"{k} {v.value or '(on)'}" for k, v in self.notes.items()) or "none"
-        summary = (f"healthy: a chat completion succeeded after {seconds:.1f} s (launch {self.launches}); "
-                   f"changed flags: {changed}")
-        learn = tuple(self.current.argv()) if self.cfg.plan.learn else None
-        return Healthy(learn, {k: v.text for k, v in self.notes.items()}, summary)
+        reasons = {k: v.text for k, v in self.notes.items()}
+        learn = self.current
+        context = self.context(numbers)
+        note = self.notes.get(MAX_MODEL_LEN)
+        if (note is not None and note.source in ("plan", "heal") and context["fit"] and context["served"]
+                and context["fit"] > context["served"] and not self.current.auto_length()
+                and not (self.sizing and self.sizing.info.sliding_window)):
+            block = self.block_size or vllm.default_block_size(platform=self.facts.platform)
+            longer = min(context["requested"] or context["fit"], context["fit"] // block * block)
+            if longer > context["served"]:
+                learn = learn.set(MAX_MODEL_LEN, longer)
+                reasons[MAX_MODEL_LEN] = (f"vLLM measured room for {context['fit']} tokens where {context['served']} "
+                                          f"were served (the estimate held back); {longer} is kept for the next start")
+        return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons)
+
+    def context(self, numbers: Mapping[str, Any]) -> dict[str, int | None]:
+        """The length served, the length asked for, and the tokens vLLM said its KV cache holds."""
+        served = (self.current.get_int(MAX_MODEL_LEN) or numbers.get("auto_fit_max_model_len")
+                  or numbers.get("served_max_model_len"))
+        requested = (self.requested.get_int(MAX_MODEL_LEN) or self.derived_max_model_len
+                     or numbers.get("served_max_model_len"))
+        fit = numbers.get("kv_cache_tokens")
+        if fit is None and numbers.get("num_gpu_blocks") and self.block_size:
+            fit = int(numbers["num_gpu_blocks"]) * self.block_size
+        return {"served": served, "requested": requested, "fit": fit}
 
     def unhealthy(self, why: str) -> None:
         """Probes fail while vLLM still runs."""

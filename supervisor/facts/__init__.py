@@ -61,7 +61,7 @@ def gpus_for(requested: Flags, provider: Any, environ: Mapping[str, str]) -> lis
 def gather(cfg: GuardConfig, environ: Mapping[str, str], provider: Any,
            read_model: Callable[[str], Any] = model_files.load_model_info) -> Gathered:
     """Read the GPUs, the installed vLLM and the model's config.json once; raise Refused for too few GPUs."""
-    requested = Flags.parse(list(cfg.vllm_args))
+    requested = cfg.requested_flags()
     notes: list[str] = []
     warnings: list[str] = []
     installed = vllm_install.installed(cfg.vllm_argv)

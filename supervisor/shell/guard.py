@@ -19,6 +19,7 @@ import contextlib
 import os
 import random
 import shlex
+import shutil
 import signal
 import threading
 import time
@@ -46,6 +47,7 @@ from supervisor.shell.metrics import Metrics
 from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober, ProbeResult
 from supervisor.shell.status_server import StatusServer, StatusServerError
+from supervisor.shell.webhook import Webhook
 
 log = structlog.get_logger("vllm-guard")
 T = TypeVar("T")
@@ -69,6 +71,8 @@ class Guard:
         self.notifier = sdnotify.Notifier(self.environ)
         self.history = History(self.state_dir, model=cfg.model, run_id=run_id())
         self.output = VllmOutput(None, quiet=cfg.quiet, live=live)
+        self.webhook = Webhook(cfg.notify_url, model=cfg.model)
+        self.context: dict[str, int | None] = {}
         self.session: Session | None = None
         self.gpus: Gpus | None = None
         self.child: Child | None = None
@@ -106,6 +110,7 @@ class Guard:
                     log.exception(f"internal error: {type(e).__name__}: {e}")
                     self.exit_reason, self.exit_code = f"internal error: {e}", EX_SOFTWARE
                 await self._shutdown()
+                await self.webhook.aclose()
         finally:
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
@@ -121,20 +126,24 @@ class Guard:
         cfg = self.cfg
         if not cfg.model:
             raise ConfigError("no model: pass MODEL (or --model, or model = ... in the config file)")
+        _check_vllm_command(cfg.vllm_argv, self.environ)
         try:
             self._lock = stack.enter_context(statedir.StateDirLock(self.state_dir))
         except (OSError, statedir.StateError) as e:
             raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}") from None
         auth.register_env_secrets(self.environ)
-        requested = Flags.parse(list(cfg.vllm_args))
+        requested = cfg.requested_flags()
         for value in [*auth.argv_secrets(cfg.vllm_args), requested.get("--api-key")]:
             auth.register_secret(value)
         self.output = VllmOutput(self.state_dir, secrets=auth.known_secrets(), quiet=cfg.quiet, live=self.live)
         for p in procs.sweep_orphans(self.state_dir, grace=min(cfg.stop_grace, 10.0)):
             log.warning(f"ended a process left by a previous guard: pid {p.get('pid')} "
                         f"{p.get('name')} ({auth.redact_text(' '.join(p.get('cmdline') or []))[:120]})")
-        self._refuse_port_of_another_guard()
+        self._refuse_a_port_held_by_others()
         await self._start_status(stack)
+        gave_up = self.history.last_gave_up()
+        if gave_up:
+            self.metrics.gave_up(gave_up)
         self.notifier.ready()              # supervising now; model loads can outlast start timeouts
         gathered = await self._unless_stopped(_in_daemon_thread(machine.gather, cfg, self.environ, self.gpu_provider))
         if gathered is None:
@@ -165,13 +174,11 @@ class Guard:
         return replace(facts, learned=Learned(tuple(argv), str(entry.get("saved_at") or ""),
                                               {str(k): str(v) for k, v in reasons.items()}))
 
-    def _refuse_port_of_another_guard(self) -> None:
-        """A vLLM port held by another guard's vLLM: refuse now, naming it (no launch is made)."""
-        info = procs.port_holder_info(self.host, self.port)
-        if info and info.get("marker") and not info["marker"].startswith(procs.state_id(self.state_dir)):
-            cmd = auth.redact_text(" ".join(auth.redact_argv(info.get("cmdline") or [])))[:160]
-            raise Refused(f"port {self.port} is already served by another vllm-guard's vLLM (pid {info.get('pid')}, "
-                          f"{cmd}); stop that guard or choose another --port")
+    def _refuse_a_port_held_by_others(self) -> None:
+        """vLLM's port held by anything but this guard's own (exiting) vLLM: refuse now, naming the holder."""
+        holder = _port_holder(self.host, self.port, procs.state_id(self.state_dir))
+        if holder is not None:
+            raise Refused(f"{holder}; stop it or give vLLM another --port (no launch was made)")
 
     async def _start_status(self, stack: contextlib.AsyncExitStack) -> None:
         cfg = self.cfg
@@ -228,7 +235,11 @@ class Guard:
 
     def _announce(self, step: Launch) -> None:
         n = (self.session.launches if self.session else 0) + 1
-        self.metrics.restarted(step.reason)
+        self.metrics.relaunched(step.reason)
+        changes = [{"flag": c.flag, "was": c.old, "now": c.new, "why": c.why} for c in step.changes]
+        self.webhook.event("relaunch", f"relaunch {n} ({step.reason}): " + (
+            "; ".join(f"{c.flag} {c.old or '(unset)'} -> {c.new or '(on)'}" for c in step.changes) or "the same flags"),
+            kind=step.reason, launch=n, changes=changes, delay_s=round(step.delay, 1))
         if step.reason in ("request", "reset", "learned_failed"):
             (log.warning if step.reason == "learned_failed" else log.info)(step.why)
         elif not step.changes:
@@ -244,6 +255,9 @@ class Guard:
         msg = end.message + (f". GPU memory is held by: {holders}" if holders else "")
         log.error(msg, exit_code=end.exit_code, kind=end.kind.value if end.kind else None)
         self.exit_reason = msg
+        self.history.gave_up(msg, end.exit_code, end.kind.value if end.kind else None)
+        self.metrics.gave_up(time.time())
+        self.webhook.event("gave_up", msg, kind=end.kind.value if end.kind else None, exit_code=end.exit_code)
         return end.exit_code
 
     async def _next_command(self, delay: float) -> tuple[str, dict[str, Any]] | None:
@@ -273,11 +287,15 @@ class Guard:
                                        for k, v in s.notes.items()})
         self.output.launch(n, shown)
         log.info(f"launch {n}: {shown}", launch=n)
-        holder = procs.port_holder(self.host, self.port)
-        if holder:
-            holder = auth.redact_text(holder)
-            d = Diagnosis(Kind.CONFIG_ERROR, evidence=f"OSError: [Errno 98] Address already in use: {holder}",
-                          phase="launching", detail=f"port {self.port} is in use: {holder}")
+        ours = procs.state_id(self.state_dir)
+        holder = _port_holder(self.host, self.port, ours)
+        if holder is not None:      # not ours: a person must act, at once
+            return self._finish(Outcome(FAILED, Diagnosis(Kind.CONFIG_ERROR, evidence=holder, phase="launching",
+                                                          detail=f"{holder}; stop it or give vLLM another --port")))
+        if _port_holder(self.host, self.port, None) is not None:   # our last vLLM, still exiting: retried
+            d = Diagnosis(Kind.CONFIG_ERROR, evidence=f"OSError: [Errno 98] Address already in use: port {self.port} "
+                          "is still held by this guard's previous vLLM", phase="launching",
+                          detail=f"port {self.port} is still held by this guard's previous vLLM")
             return self._finish(Outcome(FAILED, d))
         while not self._control.empty():          # stale requests do not apply to a new launch
             if self._control.get_nowait()[0] == "stop":
@@ -318,15 +336,17 @@ class Guard:
         exit_text = describe(outcome.exit_code) if outcome.exit_code is not None else ""
         numbers = self._watcher.classifier.numbers if self._watcher is not None else {}
         if outcome.end in (FAILED, DIED):
-            self.history.ended("died" if outcome.end == DIED else "failed", kind=d.kind.value, evidence=d.evidence,
-                               phase=d.phase, numbers={**numbers, **d.numbers}, exit_code=outcome.exit_code,
-                               exit_text=exit_text)
-            log.warning(f"launch {n} {'died' if outcome.end == DIED else 'failed'}: {d.kind}: {d.evidence[:300]}",
-                        launch=n, kind=d.kind.value, phase=d.phase)
+            how = "died" if outcome.end == DIED else "failed"
+            self.history.ended(how, kind=d.kind.value, evidence=d.evidence, phase=d.phase,
+                               numbers={**numbers, **d.numbers}, exit_code=outcome.exit_code, exit_text=exit_text)
+            log.warning(f"launch {n} {how}: {d.kind}: {d.evidence[:300]}", launch=n, kind=d.kind.value, phase=d.phase)
+            self.webhook.event("died" if outcome.end == DIED else "launch_failed", f"launch {n} {how}: {d.kind}: "
+                               f"{d.evidence[:300]}", kind=d.kind.value, launch=n, phase=d.phase,
+                               evidence=d.evidence[:500], exit_code=outcome.exit_code)
         else:
             self.history.ended(outcome.end, numbers=numbers, exit_code=outcome.exit_code, exit_text=exit_text)
         self.metrics.launch_finished(record["outcome"] if record else outcome.end,
-                                     (record or {}).get("kind") or "none")
+                                     (record or {}).get("kind") or "none", time.time())
         self.child = None
         return outcome
 
@@ -375,8 +395,13 @@ class Guard:
                  f"{time.monotonic() - self.started:.1f} s since the guard started); failures: {failed}; "
                  f"changed flags: {changed}", launch=s.launches, time_to_healthy_s=round(seconds, 1))
         self.metrics.healthy_after(seconds)
-        self.metrics.set_flags(s.current.get_int(MAX_MODEL_LEN) or numbers.get("auto_fit_max_model_len"),
-                               s.current.get_float(UTILIZATION))
+        self.context = s.context(numbers)
+        self.metrics.set_context(**self.context, utilization=s.current.get_float(UTILIZATION))
+        served = self.context["served"]
+        self.webhook.event("healthy", f"launch {s.launches} serves after {seconds:.0f} s"
+                           + (f"; context {served} tokens" if served else "") + f"; changed flags: {changed}",
+                           launch=s.launches, time_to_healthy_s=round(seconds, 1), context=self.context,
+                           changed_flags={k: v.value for k, v in s.notes.items()})
         if healthy.learn is not None and self._learned_key:
             try:
                 statedir.LearnedStore(self.state_dir).put(self._learned_key, list(healthy.learn), {
@@ -423,7 +448,7 @@ class Guard:
     def snapshot(self) -> dict[str, Any]:
         """The ``GET /status`` document (secrets redacted by the server and here)."""
         s, child, now = self.session, self.child, time.time()
-        current = s.current if s is not None else Flags.parse(list(self.cfg.vllm_args))
+        current = s.current if s is not None else self.cfg.requested_flags()
         return {
             "state": s.state.value if s is not None else State.PLANNING.value,
             "model": self.cfg.model,
@@ -442,6 +467,7 @@ class Guard:
             "last_probe": None if self.last_probe is None else {**self.last_probe.to_dict(), "at": self.last_probe_at},
             "uptime_s": round(now - self.started_wall, 1),
             "healthy_for_s": round(now - self.healthy_since, 1) if self.healthy_since else None,
+            "context": _context_text(self.context) if self.context else None,
             "gpu": self.gpus.snapshot if self.gpus else [],
             "exit_reason": self.exit_reason or None,
         }
@@ -466,3 +492,48 @@ async def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
 
     threading.Thread(target=work, name="vllm-guard-facts", daemon=True).start()
     return await future
+
+
+def _context_text(context: dict[str, int | None]) -> dict[str, Any]:
+    """The context served, next to what was asked and what fit, with a sentence for people."""
+    served, requested, fit = context.get("served"), context.get("requested"), context.get("fit")
+    text = f"context served {served}" if served else "context served: vLLM's default"
+    if fit:
+        text += f" of {fit} that fit"
+    if requested and served and served < requested:
+        text += f" ({requested} asked)"
+    return {**context, "text": text}
+
+
+def _port_holder(host: str, port: int, ours: str | None) -> str | None:
+    """What holds vLLM's port, in words, unless it is free or (``ours`` given) a process of this guard's."""
+    info = procs.port_holder_info(host, port)
+    if info is None:
+        return None
+    if not info["in_use"]:
+        return f"vLLM cannot listen on {host or '*'}:{port}: {info['error']}"
+    marker = info.get("marker") or ""
+    if ours is not None and marker.startswith(ours + ":"):
+        return None
+    if info.get("pid") is None:
+        return f"port {port} is in use by a process this user cannot see (another user's; `sudo ss -ltnp` names it)"
+    cmd = auth.redact_text(" ".join(auth.redact_argv(info.get("cmdline") or [])) or info.get("name", "?"))[:160]
+    who = "another vllm-guard's vLLM" if marker else (info.get("name") or "a process")
+    user = f", user {info['user']}" if info.get("user") else ""
+    return f"port {port} is held by {who} (pid {info['pid']}{user}: {cmd})"
+
+
+def _check_vllm_command(argv: list[str], environ: Mapping[str, str]) -> None:
+    """vLLM's command must exist before anything is launched: say where it was looked for and how to point at it."""
+    exe = argv[0] if argv else ""
+    path = environ.get("PATH", os.defpath)
+    found = shutil.which(exe, path=path) if exe else None
+    if found:
+        return
+    where = f"{exe} does not exist or is not executable" if "/" in exe else f"'{exe}' is not on PATH ({path})"
+    venv = environ.get("VIRTUAL_ENV")
+    raise ConfigError(
+        f"cannot find vLLM's command: {where}"
+        + (f"; the active virtualenv is {venv}" if venv else "")
+        + ". Install vLLM there, or point vllm_command (--vllm-command, VLLM_GUARD_VLLM_COMMAND) at it, e.g. "
+          "'/opt/vllm/bin/vllm serve' or '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'")

@@ -80,6 +80,19 @@ class History:
             record["measured"] = {**record["measured"], **_measured(numbers)}
         self._write(record)
 
+    def gave_up(self, message: str, exit_code: int, kind: str | None) -> None:
+        """This guard gave up: kept so the next guard (and its metrics) know when."""
+        self._write({"run": self.run_id, "model": self.model, "n": None, "event": "gave_up", "at": time.time(),
+                     "exit_code": exit_code, "kind": kind, "message": auth.redact_text(message)})
+
+    def last_gave_up(self) -> float | None:
+        """When a guard on this state dir last gave up (Unix time), from the file; None: never."""
+        if self.path is None:
+            return None
+        times = [r["at"] for r in read(str(self.path.parent)) if r.get("event") == "gave_up"
+                 and isinstance(r.get("at"), (int, float))]
+        return max(times) if times else None
+
     def _write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return

@@ -26,12 +26,12 @@ def test_launches_restarts_and_time_to_healthy():
     m.launch_finished("failed", "kv_cache_insufficient")
     m.launch_finished("failed", "kv_cache_insufficient")
     m.launch_finished("stopped", "none")
-    m.restarted("kv_cache_insufficient")
+    m.relaunched("kv_cache_insufficient")
     m.healthy_after(42.0)
     s = samples(m)
     assert s[("vllm_guard_launches_total", (("kind", "kv_cache_insufficient"), ("outcome", "failed")))] == 2
     assert s[("vllm_guard_launches_total", (("kind", "none"), ("outcome", "stopped")))] == 1
-    assert s[("vllm_guard_restarts_total", (("reason", "kv_cache_insufficient"),))] == 1
+    assert s[("vllm_guard_relaunches_total", (("reason", "kv_cache_insufficient"),))] == 1
     assert s[("vllm_guard_time_to_healthy_seconds_count", ())] == 1
     assert s[("vllm_guard_time_to_healthy_seconds_sum", ())] == 42.0
     assert s[("vllm_guard_time_to_healthy_seconds_bucket", (("le", "60.0"),))] == 1
@@ -57,16 +57,31 @@ def test_unknown_state_is_a_programming_error():
         Metrics().set_state("fine")
 
 
-def test_flags_gauges_are_nan_until_known():
+def test_context_gauges_are_nan_until_known():
     m = Metrics()
     s = samples(m)
-    assert math.isnan(s[("vllm_guard_max_model_len", ())])
-    m.set_flags(16384, 0.9)
+    assert math.isnan(s[("vllm_guard_context_served_tokens", ())])
+    m.set_context(served=16384, requested=32768, fit=20000, utilization=0.9)
     s = samples(m)
-    assert s[("vllm_guard_max_model_len", ())] == 16384
-    assert s[("vllm_guard_gpu_memory_utilization", ())] == 0.9
-    m.set_flags(None, None)
-    assert math.isnan(samples(m)[("vllm_guard_gpu_memory_utilization", ())])
+    assert s[("vllm_guard_context_served_tokens", ())] == 16384
+    assert s[("vllm_guard_context_requested_tokens", ())] == 32768
+    assert s[("vllm_guard_context_fit_tokens", ())] == 20000
+    assert s[("vllm_guard_gpu_memory_utilization_ratio", ())] == 0.9
+    m.set_context(served=None, requested=None, fit=None, utilization=None)
+    assert math.isnan(samples(m)[("vllm_guard_gpu_memory_utilization_ratio", ())])
+
+
+def test_failures_and_giving_up_are_times_and_the_build_is_named():
+    m = Metrics()
+    assert math.isnan(samples(m)[("vllm_guard_last_failure_timestamp_seconds", ())])
+    m.launch_finished("stopped", "none", at=1000.0)
+    assert math.isnan(samples(m)[("vllm_guard_last_failure_timestamp_seconds", ())])
+    m.launch_finished("died", "engine_dead", at=2000.0)
+    m.gave_up(3000.0)
+    s = samples(m)
+    assert s[("vllm_guard_last_failure_timestamp_seconds", ())] == 2000.0
+    assert s[("vllm_guard_gave_up_timestamp_seconds", ())] == 3000.0
+    assert [k for k in s if k[0] == "vllm_guard_build_info"][0][1][0][0] == "version"
 
 
 def test_probes():
@@ -82,9 +97,9 @@ def test_probes():
 
 def test_registries_are_private_per_guard():
     a, b = Metrics(), Metrics()   # a second one would raise "Duplicated timeseries" on a shared registry
-    a.restarted("manual")
-    assert ("vllm_guard_restarts_total", (("reason", "manual"),)) not in samples(b)
-    assert REGISTRY.get_sample_value("vllm_guard_restarts_total", {"reason": "manual"}) is None
+    a.relaunched("request")
+    assert ("vllm_guard_relaunches_total", (("reason", "request"),)) not in samples(b)
+    assert REGISTRY.get_sample_value("vllm_guard_relaunches_total", {"reason": "request"}) is None
 
 
 def test_label_values_are_sanitised():

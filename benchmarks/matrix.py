@@ -43,7 +43,7 @@ class Gpu:
 
     key: str
     name: str
-    total_gib: float         # as torch.cuda.mem_get_info reports it (vllm-memory-model.md §0)
+    total_gib: float         # as torch.cuda.mem_get_info reports it
     cc: tuple[int, int]
     other_gib: float = 0.0
     count: int = 1
@@ -85,7 +85,7 @@ MODELS = (
           ("--trust-remote-code",), v0=False),
 )
 
-# Totals as torch reports them: T4 14.75, L4 22.06 (§0), L40S 44.52, H100 79.19 GiB.
+# Totals as torch reports them: T4 14.75, L4 22.06, L40S 44.52, H100 79.19 GiB.
 T4 = Gpu("T4 16GB", "Tesla T4", 14.75, (7, 5))
 L4 = Gpu("L4 24GB", "NVIDIA L4", 22.06, (8, 9))
 L4_BUSY = Gpu("L4 24GB, 3 GiB held", "NVIDIA L4", 22.06, (8, 9), other_gib=3.0)
@@ -121,13 +121,21 @@ def model_info(path: str) -> ModelInfo:
 
 
 def model_spec(model: Model, version: str) -> "emu.ModelSpec":
-    """The emulator's view of ``model``, from the same config.json the plan reads."""
+    """The emulator's view of ``model``, from the same config.json the plan reads.
+
+    The weights are what vLLM loads: the checkpoint's size from its index and the rotary cos/sin
+    cache vLLM adds (every position x the rotary dimension, 16-bit; fp32 for DeepSeek's MLA).
+    """
     info = model_info(model.path)
+    s = info.shape
+    rope = s.max_positions * (s.qk_rope * 4 if s.mla else s.rotary_dim * 2)
     return emu.ModelSpec(
-        name=model.name, weights_gib=(info.weights_bytes or 0) / GiB,
+        name=model.name, weights_gib=((info.weights_bytes or 0) + rope) / GiB,
         kv_bytes_per_token=kv_bytes_per_token(info), num_kv_heads=info.num_kv_heads,
         derived_max_model_len=derive_max_model_len(info, version), vocab=info.vocab_size,
-        hidden=info.hidden_size, intermediate=info.intermediate_size, mla=info.mla, num_layers=info.num_layers)
+        hidden=info.hidden_size, intermediate=info.intermediate_size, mla=info.mla, num_layers=info.num_layers,
+        experts_per_token=s.topk if s.experts else 0, moe_intermediate=s.moe_intermediate,
+        shared_intermediate=s.shared_intermediate, dense_layers=s.dense_layers)
 
 
 def cases() -> list[Case]:

@@ -14,11 +14,11 @@ and where in vLLM's source it comes from):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from supervisor.core import vllm
-from supervisor.core.model import ModelInfo
-from supervisor.core.units import GiB
+from supervisor.core.model import ModelInfo, QuantScheme, Shape, checkpoint_bytes, quant_scheme, weight_parts
+from supervisor.core.units import GiB, MiB
 
 _FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8")
 
@@ -160,35 +160,313 @@ def max_concurrency(kv_budget_bytes: int, info: ModelInfo, context_len: int, *, 
 
 
 
-# -- the budget (estimated terms) ---------------------------------------------------------------
+# -- GPUs ----------------------------------------------------------------------------------------
 
-def activation_bytes(info: ModelInfo, *, tokens: int, seqs: int, tp: int = 1, dtype: str | None = None) -> int:
-    """Estimated profile-run peak: max of the MLP pass and the sampler's fp32 logits, plus 0.05 GiB."""
+#: Name fragments of consumer cards: no NVLink, NCCL goes through host memory (smaller buffers).
+_CONSUMER = ("geforce", "rtx 20", "rtx 30", "rtx 40", "rtx 50", "titan")
+
+#: Compute capability by a name fragment, for a GPU named without NVML (``plan --gpu-name``).
+GPU_COMPUTE_CAPABILITY = {
+    "b300": (10, 3), "b200": (10, 0), "gb200": (10, 0), "h200": (9, 0), "h100": (9, 0), "h800": (9, 0),
+    "h20": (9, 0), "gh200": (9, 0), "l40s": (8, 9), "l40": (8, 9), "l4": (8, 9), "4090": (8, 9),
+    "4080": (8, 9), "rtx 6000 ada": (8, 9), "5090": (12, 0), "a100": (8, 0), "a800": (8, 0), "a30": (8, 0),
+    "a6000": (8, 6), "a40": (8, 6), "a10g": (8, 6), "a10": (8, 6), "3090": (8, 6), "3080": (8, 6),
+    "t4": (7, 5), "v100": (7, 0),
+}
+
+
+def datacenter_gpu(device_name: str) -> bool:
+    """False for consumer cards (GeForce); True otherwise, and for an unknown name (the larger NCCL figure)."""
+    name = (device_name or "").lower()
+    return not any(k in name for k in _CONSUMER) and not any(k in name for k in ("3090", "4090", "5090", "3080",
+                                                                               "4080"))
+
+
+def gpu_compute_capability(device_name: str) -> tuple[int, int] | None:
+    """The compute capability a GPU's name implies, None when the name is not known."""
+    name = (device_name or "").lower()
+    for key in sorted(GPU_COMPUTE_CAPABILITY, key=len, reverse=True):
+        if key in name:
+            return GPU_COMPUTE_CAPABILITY[key]
+    return None
+
+
+# -- the budget's estimated terms (docs/memory-model.md sections 2-5) ---------------------------
+
+#: Torch allocations of the profile run besides its forward and sampler tensors (cuBLAS/cuBLASLt and
+#: attention workspaces, persistent input buffers). Fitted across 8 calibration start-ups (V0 0.6.4-0.7,
+#: V1 0.11): 0.01-0.07 GiB.
+ACT_FIXED_BYTES = int(0.04 * GiB)
+#: Non-torch memory one rank adds while profiling at TP = PP = 1 (kernel images, cuBLAS handles).
+#: Fitted on six H100 0.11 start-ups: 0.13-0.14 GiB.
+NON_TORCH_BASE_BYTES = int(0.13 * GiB)
+#: More with TP or PP > 1 on a datacenter GPU (NCCL channel buffers created at the first collective,
+#: custom all-reduce): two H100 TP2 start-ups, +0.41 GiB; a prior +0.05 GiB per rank beyond 2.
+NON_TORCH_PARALLEL_BYTES = int(0.41 * GiB)
+NON_TORCH_PER_EXTRA_RANK_BYTES = int(0.05 * GiB)
+#: ... and on a consumer card (PCIe, NCCL through host memory): an RTX 4090 TP2 start-up, +0.12 GiB.
+NON_TORCH_PARALLEL_CONSUMER_BYTES = int(0.12 * GiB)
+#: NCCL communicator buffers created after the snapshot in V0 and V1 <= 0.10 (a prior).
+NCCL_INIT_BYTES = int(0.15 * GiB)
+#: The CUDA context the global-cap families count as non-torch memory (an RTX 3090 start-up: 0.35 GiB
+#: with the base; datacenter GPUs load a larger context, a prior).
+CUDA_CONTEXT_CONSUMER_BYTES = int(0.25 * GiB)
+CUDA_CONTEXT_DATACENTER_BYTES = int(0.45 * GiB)
+#: CUDA-graph memory per captured graph and decoder layer, and a fixed part (priors: public 0.2x logs
+#: show 0.17-0.36 GiB per TP rank, about 1.1 GiB for an 80-layer model; no calibration start-up has it).
+GRAPH_PER_GRAPH_LAYER_BYTES = int(0.08 * MiB)
+GRAPH_FIXED_BYTES = 64 * MiB
+#: Before vLLM 0.20 graphs are captured outside the budget; the room left for them is the estimate's
+#: upper end (x2), and at least this.
+GRAPH_OUTSIDE_FLOOR_BYTES = int(0.5 * GiB)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Decoder layers per pipeline stage (``distributed/utils.py:get_pp_indices``: the remainder goes
+    to the stages before the last)."""
+    pp = max(1, pp)
+    parts = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def _expert_bytes(shape: Shape, q: QuantScheme, tp: int) -> float:
+    """One layer's routed experts on one TP rank (expert parallelism off: the intermediate dim is sharded)."""
+    if not shape.experts:
+        return 0.0
+    i_pad = _round_up(shape.moe_intermediate // tp, q.expert_pad[0])
+    h_pad = _round_up(shape.hidden, q.expert_pad[1])
+    elems = 2 * i_pad * _round_up(h_pad, q.expert_k_pad) + h_pad * _round_up(i_pad, q.expert_k_pad)
+    bias = (2 * i_pad + h_pad) * q.expert_bias_bytes if shape.router_bias else 0
+    return shape.experts * (elems * q.expert_bpw + bias)
+
+
+def rope_cache_bytes(shape: Shape) -> int:
+    """vLLM precomputes cos/sin for every position, one cache for all layers (DeepSeek's YaRN in fp32)."""
+    if shape.mla:
+        return shape.max_positions * shape.qk_rope * 4
+    return shape.max_positions * shape.rotary_dim * 2
+
+
+def weights_per_stage(info: ModelInfo, *, tp: int = 1, pp: int = 1, quantization: str | None = None,
+                      compute_capability: tuple[int, int] | None = None, vllm_version: str | None = None,
+                      mxfp4_backend: str | None = None) -> list[int]:
+    """What "Model loading took X GiB" prints on one rank of each pipeline stage.
+
+    The checkpoint's tensors as the quantization method holds them (padded by the MoE kernels),
+    sharded by TP (vocab-parallel embeddings, column/row-parallel linears; norms and routers
+    replicated) and split by PP, plus the rotary cos/sin cache. With an index (or the files) the
+    checkpoint part is scaled to the exact size read; otherwise it is the shape-based estimate.
+    """
+    tp, pp = max(1, tp), max(1, pp)
+    shape = info.shape
+    if not shape.layers or not shape.hidden:
+        return [int((info.weights_bytes or 0) / (tp * pp))] * pp
+    q = quant_scheme(info.config, quantization=quantization, compute_capability=compute_capability,
+                     mxfp4_backend=mxfp4_backend, vllm_version=vllm_version)
+    p = weight_parts(shape)
+    ckpt = checkpoint_bytes(shape, q)
+    scale = (info.weights_bytes / ckpt) if info.weights_bytes and ckpt else 1.0
+    out, start = [], 0
+    stages = stage_layers(shape.layers, pp)
+    for i, layers in enumerate(stages):
+        frac = layers / shape.layers
+        moe_here = max(0, layers - max(0, shape.dense_layers - start)) if shape.experts else 0
+        start += layers
+        b = 0.0
+        if i == 0:
+            b += p.embed * 2 / tp + p.vision * 2
+        if i == len(stages) - 1:
+            b += p.lm_head * q.lm_head_bpw / tp + shape.hidden * 2
+            if shape.tied and pp > 1:
+                b += p.embed * 2 / tp
+        b += frac * (p.attn * q.linear_bpw / tp + p.mlp * q.mlp_bpw / tp + p.router * 2 + (p.norms - shape.hidden) * 2)
+        b += moe_here * _expert_bytes(shape, q, tp)
+        out.append(int(b * scale + rope_cache_bytes(shape)))
+    return out
+
+
+def forward_peak_bytes(info: ModelInfo, tokens: int, *, tp: int = 1, dtype: str | None = None) -> int:
+    """Peak of one decoder layer's MLP in the profile's dummy forward of ``tokens`` tokens on one rank.
+
+    Live at the down projection: the layer input and residual (2 x H), the gate_up output (2 x I/tp),
+    the activation's output (I/tp) and the down projection's output (H). A MoE layer holds the fused-MoE
+    caches per routed token (top-k x (3 x I_moe/tp + H)) and 3 x H.
+    """
+    s = info.shape
+    H = s.hidden
+    dense = 3 * (s.intermediate // max(1, tp)) + 3 * H
+    per_token = dense
+    if s.experts:
+        moe = s.topk * (3 * (s.moe_intermediate // max(1, tp)) + H) + 3 * H + (
+            3 * (s.shared_intermediate // max(1, tp)) if s.shared_intermediate else 0)
+        per_token = max(moe, dense if s.dense_layers else 0)
+    return int(tokens * per_token * model_dtype_bytes(info, dtype))
+
+
+def activation_bytes(info: ModelInfo, *, tokens: int, seqs: int, tp: int = 1, dtype: str | None = None,
+                     vllm_version: str | None = None, pp: int = 1, stage: int | None = None,
+                     driver: bool = True, flashinfer: bool | None = None,
+                     compute_capability: tuple[int, int] | None = None, engine: str | None = None) -> int:
+    """The profile run's torch peak above the weights ("PyTorch activation peak memory") on one rank.
+
+    The profile runs a dummy forward of ``tokens`` tokens over ``rows = min(tokens, seqs)`` requests,
+    then a dummy sampler run over ``rows`` x vocabulary logits (V0: the driver rank only; V1: every TP
+    rank of the last stage); the peak is the larger, the forward's output still alive while sampling,
+    plus :data:`ACT_FIXED_BYTES`. ``engine`` overrides the version's engine ("v0" for V0's rules).
+    """
+    s = info.shape
+    eng = engine or vllm.engine(vllm_version)
     act = model_dtype_bytes(info, dtype)
-    mlp = tokens * (3 * info.intermediate_size / max(1, tp) + 2 * info.hidden_size) * act
-    sampler = seqs * info.vocab_size * 32
-    return int(max(mlp, sampler) + 0.05 * GiB)
+    rows = max(1, min(tokens, seqs))
+    last = stage is None or stage == max(1, pp) - 1
+    fwd = forward_peak_bytes(info, tokens, tp=tp, dtype=dtype)
+    hidden = tokens * s.hidden * act
+    if pp > 1 and stage not in (None, 0):
+        fwd += 2 * hidden                    # later stages receive hidden states + residual
+    if eng == "v1" and vllm.rules(vllm_version) < (0, 9, 2) and not vllm.is_v0(vllm_version):
+        hidden = 0                           # 0.8-0.9.1 keep only the sampled rows of the output
+    if last and (eng == "v1" or driver):
+        if eng == "v0" and not vllm.is_v0(vllm_version):
+            bpe = vllm.SAMPLER_SORT_BPE
+        else:
+            bpe = vllm.sampler_bytes_per_element(vllm_version, rows=rows, flashinfer=flashinfer,
+                                                 compute_capability=compute_capability)
+        sampler = rows * s.vocab * bpe + hidden + 2 * rows * s.hidden * act
+    elif last:
+        sampler = hidden + rows * (_round_up(s.vocab, 64) // max(1, tp)) * act    # a lm_head shard only
+    else:
+        sampler = 0
+    return int(max(fwd, sampler) + ACT_FIXED_BYTES)
 
 
-def cudagraph_bytes(weights_per_rank: int) -> int:
-    """Estimated CUDA-graph pool: 0.25 GiB plus 1.5% of the weights, at most 1.5 GiB."""
-    return int(min(1.5 * GiB, 0.25 * GiB + 0.015 * weights_per_rank))
+def non_torch_bytes(vllm_version: str | None, *, tp: int = 1, pp: int = 1, device_name: str = "") -> int:
+    """Memory outside torch's allocator that one rank adds while vLLM profiles (kernel images, cuBLAS
+    handles, NCCL buffers under TP/PP); the global-cap families' CUDA context is not included."""
+    world = max(1, tp) * max(1, pp)
+    nt = NON_TORCH_BASE_BYTES
+    if world > 1:
+        dc = datacenter_gpu(device_name)
+        nt += (NON_TORCH_PARALLEL_BYTES if dc else NON_TORCH_PARALLEL_CONSUMER_BYTES) \
+            + NON_TORCH_PER_EXTRA_RANK_BYTES * (world - 2)
+        if dc and vllm.nccl_buffers_in_budget(vllm_version):
+            nt += NCCL_INIT_BYTES
+    return int(nt)
+
+
+def cuda_context_bytes(device_name: str = "") -> int:
+    """The CUDA context the global-cap families count against the budget."""
+    return CUDA_CONTEXT_DATACENTER_BYTES if datacenter_gpu(device_name) else CUDA_CONTEXT_CONSUMER_BYTES
+
+
+def cudagraph_estimate_bytes(info: ModelInfo, *, vllm_version: str | None, tokens: int, seqs: int, tp: int = 1,
+                             pp: int = 1, compute_capability: tuple[int, int] | None = None) -> int:
+    """CUDA-graph memory of one rank: a fixed part, the largest graph's pool (one layer's activations at
+    the largest capture size) and every graph x decoder layer (a prior; ``docs/memory-model.md`` section 5)."""
+    sizes = vllm.capture_sizes(vllm_version, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                               compute_capability=compute_capability)
+    graphs = len(sizes) + (len([x for x in sizes if x <= seqs]) if vllm.full_graphs_too(vllm_version) else 0)
+    layers = max(stage_layers(info.shape.layers or info.num_layers, pp))
+    pool = forward_peak_bytes(info, max(sizes), tp=tp) if sizes else 0
+    return int(GRAPH_FIXED_BYTES + pool + graphs * layers * GRAPH_PER_GRAPH_LAYER_BYTES)
+
+
+def cudagraph_reserve_bytes(info: ModelInfo, *, vllm_version: str | None, tokens: int, seqs: int, tp: int = 1,
+                            pp: int = 1, compute_capability: tuple[int, int] | None = None) -> int:
+    """Room to leave outside the budget for CUDA graphs where vLLM < 0.20 captures them after sizing the
+    KV cache: the estimate's upper end (x2, the prior's uncertainty), at least 0.5 GiB."""
+    est = cudagraph_estimate_bytes(info, vllm_version=vllm_version, tokens=tokens, seqs=seqs, tp=tp, pp=pp,
+                                   compute_capability=compute_capability)
+    return max(2 * est, GRAPH_OUTSIDE_FLOOR_BYTES)
+
+
+# -- the error bands ---------------------------------------------------------------------------
+
+#: Per family: (share of the estimated overhead -- activation + non-torch + graphs -- and a floor in GiB)
+#: that the plan's safe KV holds back. Tight where the family has calibration start-ups and vLLM's code
+#: is read term by term (V0 0.6.4-0.7, V1 0.11); wider where a term is a prior (the graph estimate and
+#: the 14-byte sampler from 0.20, the CUDA context of the global-cap families).
+BANDS: dict[str, tuple[float, float]] = {
+    "v0-free": (0.15, 0.15),        # reserved (not allocated) activation memory, no start-up
+    "v0-global": (0.10, 0.10),      # two start-ups; other processes are read at launch time
+    "v0-profiled": (0.10, 0.10),    # one start-up (and a dev build with unexplained non-torch memory)
+    "v1-global": (0.15, 0.15),      # the CUDA context is a prior
+    "v1-0.9": (0.10, 0.10),         # the 0.11 code but for NCCL's init buffers (in the TP term below)
+    "v1-0.11": (0.10, 0.10),        # ten start-ups
+    "v1-0.20": (0.25, 0.25),        # the graph estimate and the 14-byte sampler have no start-up
+    "v1-0.27": (0.25, 0.25),
+}
+#: The band when the overhead was measured on this host (what vLLM printed): run-to-run noise.
+MEASURED_BAND = (0.02, 0.05)
+#: Unexplained extra weights under TP (+0.07 and +0.16 GiB in two start-ups) and NCCL's spread.
+PARALLEL_BAND_BYTES = int(0.1 * GiB)
+#: Weights: of the estimate, when the checkpoint's size was read / estimated with a known method / other.
+WEIGHTS_BAND = {"exact": 0.002, "known": 0.01, "other": 0.03}
+_KNOWN_METHODS = (None, "awq", "gptq", "fp8", "compressed-tensors", "mxfp4", "bitsandbytes")
 
 
 @dataclass(frozen=True)
 class Budget:
-    """How one rank's memory splits at a utilization; kv_bytes is what the KV cache gets."""
+    """How one rank's memory splits at a utilization; kv_bytes is what the KV cache gets (the central
+    estimate), ``band_bytes`` its error band, ``safe_kv_bytes`` the two together."""
 
     total_bytes: int
     utilization: float
     requested_bytes: int
     weights_bytes: int
     activation_bytes: int
-    non_torch_bytes: int
-    cudagraph_bytes: int
+    non_torch_bytes: int               # the global-cap families: with the CUDA context
+    cudagraph_bytes: int               # inside the budget (0.20+); see cudagraph_outside_bytes
     other_processes_bytes: int
     kv_bytes: int
-    exact: bool = False          # True when the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
+    exact: bool = False                # True when the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
+    family: str = ""
+    band_bytes: int = 0
+    cudagraph_outside_bytes: int = 0   # room graphs need outside the budget (before 0.20)
+    max_num_batched_tokens: int = 0    # the profile's sizes
+    max_num_seqs: int = 0
+    measured: bool = False             # the overhead is what vLLM printed on this host, not an estimate
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Everything but the weights and the KV cache: activation + non-torch + graphs inside."""
+        return self.activation_bytes + self.non_torch_bytes + self.cudagraph_bytes
+
+    @property
+    def safe_kv_bytes(self) -> int:
+        """The KV bytes a launch may count on: the estimate less its band (exact sizes: themselves)."""
+        return self.kv_bytes if self.exact else self.kv_bytes - self.band_bytes
+
+
+def band_bytes(info: ModelInfo, family: str, *, overhead_bytes: int, weights_bytes: int, world_size: int = 1,
+               measured: bool = False) -> int:
+    """The error band of a KV estimate (``docs/memory-model.md`` section 7)::
+
+        max(rel x overhead, floor)          per family (BANDS), or MEASURED_BAND
+      + 0.2% of the weights (size read) | 1% (estimated, known quantization) | 3% (other)
+      + 0.1 GiB under TP/PP
+      + 0.5 GiB + 3% of the weights for a multimodal model without a vision_config
+    """
+    rel, floor = MEASURED_BAND if measured else BANDS.get(family, (0.25, 0.25))
+    band = max(rel * overhead_bytes, floor * GiB)
+    if measured:
+        return int(band)
+    if info.weights_exact:
+        band += WEIGHTS_BAND["exact"] * weights_bytes
+    elif info.quantization in _KNOWN_METHODS:
+        band += WEIGHTS_BAND["known"] * weights_bytes
+    else:
+        band += WEIGHTS_BAND["other"] * weights_bytes
+    if world_size > 1:
+        band += PARALLEL_BAND_BYTES
+    if info.shape.multimodal and not info.shape.vision and not info.weights_exact:
+        band += 0.5 * GiB + 0.03 * weights_bytes
+    return int(band)
 
 
 def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: int = 1, pp: int = 1,
@@ -196,23 +474,110 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
               max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
               other_used_bytes: int = 0, platform: str = "cuda", cpu_kv_space_gib: float | None = None,
               kv_cache_memory_bytes: int | None = None, device_name: str = "", dtype: str | None = None,
-              chunked_prefill: bool = False) -> Budget:
-    """The KV-cache bytes per rank vLLM will find at this utilization."""
+              chunked_prefill: bool = False, compute_capability: tuple[int, int] | None = None,
+              quantization: str | None = None, mxfp4_backend: str | None = None, flashinfer: bool | None = None,
+              cpu_offload_bytes: int = 0, measured_overhead_bytes: int | None = None,
+              measured_weights_bytes: int | None = None, driver: bool = True) -> Budget:
+    """The KV-cache bytes per rank vLLM will find at this utilization, with every term that made it.
+
+    ``kv = total x utilization - weights - activation - non_torch - graphs inside (- other processes
+    for the global-cap families)``, per pipeline stage; the stage with the fewest KV tokens is the
+    one returned (vLLM gives every rank the smallest rank's blocks). ``measured_overhead_bytes``
+    (what :func:`measured_overhead_bytes` read from a healthy launch) replaces the estimated
+    activation, non-torch and graph terms; ``measured_weights_bytes`` the weights. ``driver=False``:
+    a V0 TP worker other than the driver, which does not sample (the driver sets the KV size).
+    """
     total = int(gpu_total_bytes)
     requested = int(math.ceil(total * utilization))
-    weights = int((info.weights_bytes or 0) / max(1, tp * pp))
+    tp, pp = max(1, tp), max(1, pp)
+    fam = vllm.family(vllm_version)
+    cc = compute_capability or gpu_compute_capability(device_name)
     if kv_cache_memory_bytes or (platform == "cpu" and cpu_kv_space_gib is not None):
+        weights = int((info.weights_bytes or 0) / (tp * pp))
         kv = int(kv_cache_memory_bytes or cpu_kv_space_gib * GiB)
-        return Budget(total, utilization, requested, weights, 0, 0, 0, 0, kv, exact=True)
+        return Budget(total, utilization, requested, weights, 0, 0, 0, 0, kv, exact=True, family=fam)
     if platform == "cpu":
         # 0.32 CPU auto mode: ceil(total*util) minus the worker's RSS (weights + ~1 GiB of runtime).
+        weights = int((info.weights_bytes or 0) / (tp * pp))
         rss = weights + GiB
-        return Budget(total, utilization, requested, weights, 0, rss - weights, 0, 0, requested - rss)
+        return Budget(total, utilization, requested, weights, 0, rss - weights, 0, 0, requested - rss,
+                      family="cpu", band_bytes=int(0.25 * GiB))
+    s = info.shape
     tokens, seqs = vllm.batch_defaults(total, vllm_version=vllm_version, device_name=device_name,
-                                  max_model_len=max_model_len, chunked_prefill=chunked_prefill)
-    act = activation_bytes(info, tokens=max_num_batched_tokens or tokens, seqs=max_num_seqs or seqs, tp=tp, dtype=dtype)
-    non_torch = int((0.25 if tp * pp > 1 else 0.10) * GiB)
-    cg = cudagraph_bytes(weights) if not vllm.graphs_outside_budget(vllm_version) and not enforce_eager else 0
-    others = int(other_used_bytes) if vllm.caps_device_globally(vllm_version) else 0
-    kv = requested - weights - act - non_torch - cg - others
-    return Budget(total, utilization, requested, weights, act, non_torch, cg, others, kv)
+                                       max_model_len=max_model_len or info.derived_max_model_len,
+                                       chunked_prefill=chunked_prefill, compute_capability=cc,
+                                       multimodal=s.multimodal, sliding_window=bool(info.sliding_window))
+    tokens, seqs = max_num_batched_tokens or tokens, max_num_seqs or seqs
+    per_stage = weights_per_stage(info, tp=tp, pp=pp, quantization=quantization, compute_capability=cc,
+                                  vllm_version=vllm_version, mxfp4_backend=mxfp4_backend)
+    nt = non_torch_bytes(vllm_version, tp=tp, pp=pp, device_name=device_name)
+    others = 0
+    if vllm.caps_device_globally(vllm_version):
+        nt += cuda_context_bytes(device_name)
+        others = int(other_used_bytes)
+    layers = stage_layers(s.layers or info.num_layers, pp)
+    best: Budget | None = None
+    best_tokens = 0.0
+    for i, stage_layer_count in enumerate(layers):
+        weights = measured_weights_bytes if measured_weights_bytes is not None else per_stage[i]
+        weights = max(0, int(weights - cpu_offload_bytes))
+        act = activation_bytes(info, tokens=tokens, seqs=seqs, tp=tp, pp=pp, stage=i, dtype=dtype,
+                               vllm_version=vllm_version, flashinfer=flashinfer, compute_capability=cc,
+                               driver=driver)
+        if fam == "v0-free":
+            act = int(act * 1.05)          # counted as reserved memory: the allocator's rounding
+        graphs = cudagraph_estimate_bytes(info, vllm_version=vllm_version, tokens=tokens, seqs=seqs, tp=tp,
+                                          pp=pp, compute_capability=cc) if not enforce_eager else 0
+        inside = 0 if vllm.graphs_outside_budget(vllm_version) else graphs
+        outside = graphs if vllm.graphs_outside_budget(vllm_version) else 0
+        if measured_overhead_bytes is not None:
+            kv = requested - weights - int(measured_overhead_bytes)
+            b = Budget(total, utilization, requested, weights, int(measured_overhead_bytes), 0, 0, 0, kv,
+                       family=fam, cudagraph_outside_bytes=outside, max_num_batched_tokens=tokens,
+                       max_num_seqs=seqs, measured=True)
+        else:
+            kv = requested - weights - act - nt - inside - others
+            b = Budget(total, utilization, requested, weights, act, nt, inside, others, kv, family=fam,
+                       cudagraph_outside_bytes=outside, max_num_batched_tokens=tokens, max_num_seqs=seqs)
+        b = replace(b, band_bytes=band_bytes(info, fam, overhead_bytes=b.overhead_bytes, weights_bytes=weights,
+                                             world_size=tp * pp, measured=b.measured))
+        per_token = kv / max(1, stage_layer_count)
+        if best is None or per_token < best_tokens:
+            best, best_tokens = b, per_token
+    assert best is not None
+    return best
+
+
+def measured_overhead_bytes(*, gpu_total_bytes: int, utilization: float, weights_bytes: int,
+                            available_kv_bytes: int | None = None, kv_cache_tokens: int | None = None,
+                            num_gpu_blocks: int | None = None, info: ModelInfo | None = None, tp: int = 1,
+                            pp: int = 1, kv_cache_dtype: str = "auto", block_size: int = 16,
+                            dtype: str | None = None, vllm_version: str | None = None) -> int | None:
+    """What a healthy launch's own figures say its overhead was: requested - weights - KV, bytes per rank.
+
+    ``weights_bytes`` is "Model loading took X GiB"; the KV cache is "Available KV cache memory" (V1
+    0.9.1+), else the blocks it holds ("# GPU blocks: N" in V0, "GPU KV cache size: N tokens" in V1)
+    times the block's bytes (needs ``info``). The result replaces the estimated activation, non-torch
+    and graph terms in a later plan for the same host, model, vLLM and batch flags
+    (``kv_budget(measured_overhead_bytes=...)``, ``Sizing.fit(measured_overhead_bytes=...)``). For the
+    global-cap families (V0 0.6.4, V1 0.8-0.9.0) it also holds what other processes used then. None
+    when the figures do not say.
+    """
+    requested = int(math.ceil(int(gpu_total_bytes) * utilization))
+    kv = available_kv_bytes
+    if kv is None and info is not None and (num_gpu_blocks or kv_cache_tokens):
+        hybrid = vllm.hybrid_kv(vllm_version)
+        page = page_bytes(info, block_size=block_size, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+        per_block = _bytes_per_pool_block(info, page, pp, hybrid)
+        if num_gpu_blocks:
+            kv = int(num_gpu_blocks) * per_block
+        else:
+            full, sliding = _layers_on_rank(info, pp)
+            groups = 1
+            if hybrid and info.sliding_window and full and sliding:
+                size = min(full, sliding)
+                groups = _cdiv(full, size) + _cdiv(sliding, size)
+            kv = int(kv_cache_tokens) // block_size * groups * per_block
+    if kv is None:
+        return None
+    return int(requested - int(weights_bytes) - int(kv))

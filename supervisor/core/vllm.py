@@ -50,6 +50,23 @@ CPU_BLOCK_SIZE = 128
 
 #: V0 turns chunked prefill on by itself above this many tokens of context.
 V0_AUTO_CHUNK_ABOVE = 32768
+#: V0's chunked-prefill step grows from 512 to 2048 tokens (``SchedulerConfig.__post_init__``).
+V0_CHUNK_2048_SINCE: Version = (0, 6, 5)
+#: V0 0.6.4 caps the whole device (the global-cap family); 0.6.5 profiles this instance only.
+V0_GLOBAL_CAP_SINCE: Version = (0, 6, 4)
+V0_PROFILED_SINCE: Version = (0, 6, 5)
+#: V1 takes its memory snapshot after NCCL init: the communicator buffers fall outside the budget.
+NCCL_OUTSIDE_SNAPSHOT_SINCE: Version = (0, 11, 0)
+#: The non-KV total comes from free memory (weights, buffers, allocator slack, transient peak).
+FREE_BASED_NON_KV_SINCE: Version = (0, 27, 0)
+#: Batch defaults of 16384 tokens on GPUs of 160 GiB or more (B200, B300, MI300X).
+BATCH_16K_SINCE: Version = (0, 28, 0)
+
+#: Bytes per logits element at the sampler's peak: a sort-based top-k/top-p (bf16 logits 2, an fp32
+#: copy 4, sorted values 4, int64 indices 8, the sort's own temporaries 20) ...
+SAMPLER_SORT_BPE = 38
+#: ... and FlashInfer's or the in-place Triton kernel's (logits 2, fp32 copy 4, probabilities 4, noise 4).
+SAMPLER_INPLACE_BPE = 14
 
 
 def parse_version(version: str | None) -> Version | None:
@@ -114,8 +131,7 @@ def graphs_outside_budget(version: str | None) -> bool:
 
 def caps_device_globally(version: str | None) -> bool:
     """V0 0.6.4 and V1 0.8-0.9.0 cap the whole device: other processes' memory comes off the budget."""
-    v = rules(version)
-    return v[:2] == (0, 6) and v[2] == 4 or V1_SINCE <= v < FREE_MEMORY_CHECK_SINCE
+    return family(version) in ("v0-global", "v1-global")
 
 
 def hybrid_kv(version: str | None) -> bool:
@@ -134,30 +150,134 @@ def default_utilization(version: str | None) -> float:
 
 
 def v0_chunk_size(version: str | None) -> int:
-    """V0's chunk when chunked prefill is on: 512 before 0.7, 2048 after."""
-    return 512 if rules(version) < (0, 7, 0) else 2048
+    """V0's chunk when chunked prefill is on: 512 up to 0.6.4, 2048 from 0.6.5 (``SchedulerConfig``)."""
+    return 512 if rules(version) < V0_CHUNK_2048_SINCE else 2048
+
+
+def engine(version: str | None) -> str:
+    """``"v0"`` or ``"v1"``: the engine whose memory rules predict a launch (V1 is the default from 0.8)."""
+    return "v0" if is_v0(version) else "v1"
+
+
+def family(version: str | None) -> str:
+    """The KV-budget formula a version uses; one of :data:`FAMILIES` (``docs/memory-model.md`` section 1).
+
+    ``v0-free`` (V0 <= 0.6.3): the budget less what the process took from free memory;
+    ``v0-global`` (0.6.4) and ``v1-global`` (0.8.0-0.9.0): the budget less everything on the device
+    that is not this instance's torch memory (the CUDA context, other processes);
+    ``v0-profiled`` (0.6.5-0.7): weights + activation peak + non-torch increase since a snapshot
+    taken before NCCL starts; ``v1-0.9`` (0.9.1-0.10): the same in V1; ``v1-0.11`` (0.11-0.19): the
+    snapshot after NCCL init, CUDA graphs captured outside the budget; ``v1-0.20`` (0.20-0.26):
+    CUDA-graph memory estimated inside the budget; ``v1-0.27`` (0.27+): free-memory based
+    non-KV total, graphs estimated inside.
+    """
+    v = rules(version)
+    if v < V1_SINCE:
+        if v < V0_GLOBAL_CAP_SINCE:
+            return "v0-free"
+        if v < V0_PROFILED_SINCE:
+            return "v0-global"
+        return "v0-profiled"
+    if v < FREE_MEMORY_CHECK_SINCE:
+        return "v1-global"
+    if v < NCCL_OUTSIDE_SNAPSHOT_SINCE:
+        return "v1-0.9"
+    if v < GRAPHS_IN_BUDGET_SINCE:
+        return "v1-0.11"
+    if v < FREE_BASED_NON_KV_SINCE:
+        return "v1-0.20"
+    return "v1-0.27"
+
+
+#: Every budget family, oldest first.
+FAMILIES = ("v0-free", "v0-global", "v0-profiled", "v1-global", "v1-0.9", "v1-0.11", "v1-0.20", "v1-0.27")
+
+
+def nccl_buffers_in_budget(version: str | None) -> bool:
+    """NCCL's communicator buffers are created after the memory snapshot (V0, V1 <= 0.10), so they count."""
+    return rules(version) < NCCL_OUTSIDE_SNAPSHOT_SINCE
+
+
+def sampler_bytes_per_element(version: str | None, *, rows: int = 1024, flashinfer: bool | None = None,
+                              compute_capability: tuple[int, int] | None = None) -> int:
+    """Peak bytes per logits element of the profile's dummy sampler run (top-k/top-p over the vocabulary).
+
+    A sort-based top-k/top-p (V0; V1 up to 0.16) peaks at 38 B (40 B in V0 <= 0.6.2, which re-sorts
+    through an int64 inverse permutation); FlashInfer's sampler (V1 0.8-0.11.0 when it is installed,
+    the default from 0.21 on cc >= 7.5) and the in-place Triton kernel (0.17+, 8 rows or more) at 14 B.
+    ``flashinfer=None`` (unknown) takes the sort where FlashInfer is optional: the larger figure.
+    """
+    v = rules(version)
+    if v < V1_SINCE:
+        return SAMPLER_SORT_BPE + (2 if v < (0, 6, 3) else 0)
+    if v < (0, 11, 1):
+        return SAMPLER_INPLACE_BPE if flashinfer else SAMPLER_SORT_BPE
+    if v >= (0, 21, 0) and (compute_capability is None or compute_capability >= (7, 5)) and flashinfer is not False:
+        return SAMPLER_INPLACE_BPE
+    if v >= (0, 17, 0) and rows >= 8:
+        return SAMPLER_INPLACE_BPE
+    return SAMPLER_SORT_BPE
+
+
+def capture_sizes(version: str | None, *, max_num_seqs: int, max_num_batched_tokens: int,
+                  compute_capability: tuple[int, int] | None = None) -> list[int]:
+    """The batch sizes vLLM captures CUDA graphs for by default (``_set_cudagraph_sizes``)."""
+    v = rules(version)
+    if v < V1_SINCE:      # V0: [1, 2, 4] + 8i up to the first size >= max_num_seqs
+        out = [1, 2, 4] + [8 * i for i in range(1, 1025)]
+        cut = next((x for x in out if x >= max_num_seqs), out[-1])
+        return [x for x in out if x <= cut]
+    if v < (0, 11, 0):
+        sizes = [1, 2, 4] + list(range(8, 513, 8))
+    elif v < (0, 13, 0):
+        sizes = [1, 2, 4] + list(range(8, min(2 * max_num_seqs, 512) + 1, 8))
+    else:
+        big = 1024 if (v >= (0, 33, 0) and compute_capability and compute_capability[0] == 10) else 512
+        top = min(2 * max_num_seqs, big)
+        sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    return [x for x in sizes if x <= max_num_batched_tokens]
+
+
+def full_graphs_too(version: str | None) -> bool:
+    """V1 0.11+ captures FULL decode graphs besides the PIECEWISE ones (``FULL_AND_PIECEWISE``)."""
+    return rules(version) >= (0, 11, 0)
 
 
 def batch_defaults(gpu_total_bytes: int, *, vllm_version: str | None = None, platform: str = "cuda",
                    device_name: str = "", max_model_len: int | None = None, world_size: int = 1,
-                   chunked_prefill: bool = False) -> tuple[int, int]:
+                   chunked_prefill: bool = False, compute_capability: tuple[int, int] | None = None,
+                   multimodal: bool = False, sliding_window: bool = False) -> tuple[int, int]:
     """(``--max-num-batched-tokens`` the profile run uses, ``--max-num-seqs``) for the OpenAI server.
 
-    V0 profiles the whole context at once unless chunked prefill is on (itself above 32768); V1
-    picks its defaults by the GPU's memory (and not for the A100), and the CPU backend per rank.
+    V0 profiles the whole context at once unless chunked prefill is on (by itself above 32768
+    tokens, not for sliding-window or multimodal models); V1 picks its defaults by the GPU
+    (``EngineArgs._set_default_args``): by name in 0.8.0-0.8.4 (H100/H200), by memory from 0.8.5
+    (70 GiB, the A100 excepted from 0.9), 160 GiB and more from 0.28; the CPU backend per rank.
     """
     ver = rules(vllm_version)
     if platform == "cpu":
         return 2048 * world_size, 128 * world_size
     if ver < V1_SINCE:
         length = max_model_len or 2048
-        chunked = chunked_prefill or length > V0_AUTO_CHUNK_ABOVE
-        return (v0_chunk_size(vllm_version) if chunked else max(length, 2048)), 256
-    if gpu_total_bytes >= 160 * GiB and ver >= (0, 30, 0):
-        return 16384, 1024
-    if gpu_total_bytes >= 70 * GiB and "a100" not in device_name.lower():
-        return 8192, 1024
-    return 2048, 256
+        chunked = chunked_prefill or (length > V0_AUTO_CHUNK_ABOVE and not multimodal and not sliding_window)
+        if chunked:
+            return v0_chunk_size(vllm_version), 256
+        return max(length, 5120 if multimodal else 2048), 256
+    name = device_name.lower()
+    gib = gpu_total_bytes / GiB
+    if ver < (0, 8, 5):
+        big = "h100" in name or "h200" in name
+        tokens, seqs = (8192 if big else 2048), (1024 if big or ver < (0, 8, 4) else 256)
+    elif ver >= BATCH_16K_SINCE and gib >= 160:
+        tokens, seqs = 16384, 1024
+    elif gib >= 70 and (ver < (0, 9, 0) or "a100" not in name) and not (
+            ver >= (0, 33, 0) and compute_capability == (12, 1)):
+        tokens, seqs = 8192, 1024
+    else:
+        tokens, seqs = 2048, 256
+    if ver >= (0, 12, 0) and max_model_len:
+        tokens = min(tokens, seqs * max_model_len)
+    return tokens, seqs
 
 
 def default_block_size(*, mla: bool = False, platform: str = "cuda",

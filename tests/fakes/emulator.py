@@ -1,9 +1,25 @@
 """A pure model of vLLM's start-up memory arithmetic: what a launch would do on a given GPU.
 
-Follows the "Simulator recipe" of /work/shared/research/vllm-memory-model.md §8: derived max
-length, the V1 free-memory check, weights, activation peak, KV budget, the KV fit check, V0's
-allocation of the cache in what other processes leave, and CUDA-graph capture, each with the
-per-version rules the research read from vLLM's source.
+The fake vLLM and the benchmark matrix use it as "the real vLLM": the derived max length, the V1
+free-memory check, weights, the profile's activation peak, non-torch memory, the KV budget, the KV
+fit check, V0's allocation of the cache in what other processes leave, and CUDA-graph capture,
+each with the per-version rules of vLLM's source (``docs/memory-model.md``).
+
+Its terms are written here on their own (not imported from the plan) and calibrated to the real
+start-ups of ``benchmarks/calibration`` (``benchmarks/REPORT.md``, "Accuracy"):
+
+* activation: the larger of the dummy forward's MLP peak and the dummy sampler's logits over
+  ``min(max_num_seqs, max_num_batched_tokens)`` rows at the version's bytes per element (38 for a
+  sort, 40 in V0 <= 0.6.2, 14 for the in-place/FlashInfer samplers from 0.17), plus 0.04 GiB --
+  within 0.04 GiB of the printed figure on the start-ups that print it;
+* non-torch: 0.13 GiB per rank, more under TP/PP (0.41 GiB on datacenter GPUs, 0.12 on consumer
+  cards, NCCL's init buffers before 0.11); the global-cap versions (0.6.4, V1 0.8-0.9.0) also count
+  the CUDA context (0.45 / 0.25 GiB) and other processes.
+
+Not calibrated, stated as such: the CUDA-graph memory (``cudagraph_gib``, a flat 0.5 GiB by
+default: no calibration start-up prints a usable figure), the CUDA context outside the global-cap
+versions (``context_gib``, 0.4 GiB), and the weights, which the caller gives (the benchmark takes
+the checkpoint's size from its index plus the rotary cache, as vLLM loads them).
 No I/O; stdlib only, so the fake server can import it as a plain script neighbour.
 """
 
@@ -18,7 +34,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 FP8_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
-KV_DTYPES_BY_VERSION = (  # (first version, choice) for --kv-cache-dtype, research §4
+KV_DTYPES_BY_VERSION = (  # (first version, choice) for --kv-cache-dtype
     ((0, 5, 0), "auto"), ((0, 5, 0), "fp8"), ((0, 5, 0), "fp8_e5m2"), ((0, 5, 0), "fp8_e4m3"),
     ((0, 10, 0), "fp8_inc"), ((0, 11, 0), "bfloat16"), ((0, 18, 0), "float16"),
 )
@@ -38,6 +54,10 @@ class ModelSpec:
     intermediate: int = 11008
     mla: bool = False
     num_layers: int = 32             # V0 allocates the KV cache one layer at a time
+    experts_per_token: int = 0       # MoE: routed experts per token, and their intermediate size
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0     # all shared experts together
+    dense_layers: int = 0            # leading dense layers of a MoE
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,7 @@ class GpuSpec:
     other_used_gib: float = 0.0
     cc: tuple[int, int] = (8, 9)
     count: int = 1
+    datacenter: bool = True          # False: a consumer card (PCIe: smaller NCCL buffers, smaller context)
 
 
 @dataclass(frozen=True)
@@ -88,7 +109,7 @@ def parse_human_int(text: str, version: str) -> int | None:
 
 def engine_generation(version: str, flags: Mapping[str, str], gpu: GpuSpec,
                       env: Mapping[str, str] | None = None) -> str:
-    """``"v1"`` or ``"v0"``: 0.8-0.10 silently fall back to V0 for fp8 KV off Hopper (research §7)."""
+    """``"v1"`` or ``"v0"``: 0.8-0.10 silently fall back to V0 for fp8 KV off Hopper."""
     v = vtuple(version)
     env = env or {}
     if v < (0, 8, 0):
@@ -103,6 +124,49 @@ def engine_generation(version: str, flags: Mapping[str, str], gpu: GpuSpec,
     if "--preemption-mode" in flags:
         return "v0"
     return "v1"
+
+
+#: Calibrated against the real start-ups (see the module docstring); GiB.
+ACT_FIXED_GIB = 0.04
+NON_TORCH_GIB = 0.13
+NON_TORCH_TP_GIB = {True: 0.41, False: 0.12}          # datacenter / consumer, TP or PP > 1
+NON_TORCH_PER_RANK_GIB = 0.05                          # each rank beyond 2
+NCCL_INIT_GIB = 0.15                                   # V0 and V1 < 0.11, datacenter
+COUNTED_CONTEXT_GIB = {True: 0.45, False: 0.25}        # the global-cap versions' CUDA context
+
+
+def sampler_bytes_per_element(v: tuple[int, int, int], gen: str, rows: int) -> int:
+    """Bytes per logits element at the dummy sampler's peak: a sort (38; 40 in V0 <= 0.6.2) or an
+    in-place kernel (14: Triton for 8+ rows from 0.17, FlashInfer by default from 0.21)."""
+    if gen == "v0":
+        return 40 if v < (0, 6, 3) else 38
+    if v >= (0, 21, 0) or (v >= (0, 17, 0) and rows >= 8):
+        return 14
+    return 38
+
+
+def activation_peak_gib(model: ModelSpec, v: tuple[int, int, int], gen: str, mnbt: int, mns: int, tp: int) -> float:
+    """The profile run's torch peak above the weights: max(dummy forward's MLP, dummy sampler) + fixed."""
+    rows = max(1, min(mns, mnbt))
+    per_token = 3 * (model.intermediate // tp) + 3 * model.hidden
+    if model.experts_per_token:
+        moe = model.experts_per_token * (3 * (model.moe_intermediate // tp) + model.hidden) + 3 * model.hidden \
+            + 3 * (model.shared_intermediate // tp)
+        per_token = max(moe, per_token if model.dense_layers else 0)
+    forward = mnbt * per_token * 2
+    hidden = 0 if gen == "v1" and v < (0, 9, 2) else mnbt * model.hidden * 2
+    sampler = rows * model.vocab * sampler_bytes_per_element(v, gen, rows) + hidden + 4 * rows * model.hidden
+    return max(forward, sampler) / GIB + ACT_FIXED_GIB
+
+
+def non_torch_gib_for(v: tuple[int, int, int], gen: str, gpu: GpuSpec, world: int) -> float:
+    """Memory outside torch that one rank adds while profiling (kernels, cuBLAS, NCCL under TP/PP)."""
+    nt = NON_TORCH_GIB
+    if world > 1:
+        nt += NON_TORCH_TP_GIB[gpu.datacenter] + NON_TORCH_PER_RANK_GIB * (world - 2)
+        if gpu.datacenter and (gen == "v0" or v < (0, 11, 0)):
+            nt += NCCL_INIT_GIB
+    return nt
 
 
 def _fail(kind: str, phase: str, numbers: dict) -> Outcome:
@@ -141,9 +205,7 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
         n["detail"] = f"invalid value: {exc}"
         return _fail("config_error", "config", n)
     if non_torch_gib is None:
-        # NCCL and custom all-reduce buffers: ~0.1 GiB alone, 0.25 GiB observed at TP=2
-        # (vllm-memory-model.md §1.7).
-        non_torch_gib = 0.25 if tp * pp > 1 else 0.1
+        non_torch_gib = non_torch_gib_for(v, gen, gpu, tp * pp)
     n["requested_utilization"] = util
     if not 0.0 < util <= 1.0:
         n["detail"] = "gpu_memory_utilization out of range"
@@ -170,14 +232,17 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
         n["detail"] = "VLLM_USE_V1=1 is not supported with --kv-cache-dtype."
         return _fail("config_error", "config", n)
 
-    # Scheduler defaults that size the profile run (research memory §1.8).
+    # Scheduler defaults that size the profile run (EngineArgs / SchedulerConfig).
     big_gpu = gpu.total_gib >= 70 and gpu.cc != (8, 0)
     if gen == "v1":
-        mnbt = user_mnbt or (8192 if big_gpu else 2048)
+        huge = v >= (0, 28, 0) and gpu.total_gib >= 160
+        mnbt = user_mnbt or (16384 if huge else 8192 if big_gpu else 2048)
         mns = user_mns or (1024 if big_gpu else 256)
+        if user_mnbt is None and v >= (0, 12, 0):
+            mnbt = min(mnbt, mns * max_len)
     else:
         chunked = max_len > 32768 or "--enable-chunked-prefill" in flags
-        default_mnbt = (2048 if v >= (0, 7, 0) else 512) if chunked else max(max_len, 2048)
+        default_mnbt = (2048 if v >= (0, 6, 5) else 512) if chunked else max(max_len, 2048)
         mnbt = user_mnbt or default_mnbt
         mns = user_mns or 256
         if not chunked and mnbt < max_len:
@@ -201,13 +266,15 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
         return _fail("oom_weights", "loading", n)
 
     # -- 4. profile run: activation peak --------------------------------------------------------
-    mlp = mnbt * (3 * model.intermediate / tp + 2 * model.hidden) * 2
-    sampler = (min(mns, mnbt) if gen == "v1" else mns) * model.vocab * 32
+    mlp = mnbt * (3 * model.intermediate / tp + 3 * model.hidden) * 2
+    rows = min(mns, mnbt)
+    sampler = rows * model.vocab * sampler_bytes_per_element(v, gen, rows)
     if activation_gib is None:
-        activation = max(mlp, sampler) / GIB + 0.05
+        activation = activation_peak_gib(model, v, gen, mnbt, mns, tp)
     else:
         activation = activation_gib
     n["activation_gib"] = round(activation, 4)
+    n["non_torch_gib"] = round(non_torch_gib, 4)
     n["sampler_peak"] = sampler >= mlp  # which allocation hits the OOM, for the fake's wording
     if weights + non_torch_gib + activation > free:
         n["tried_to_allocate_mib"] = round(max(mlp, sampler) / MIB, 2)
@@ -222,7 +289,7 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
     global_cap = (gen == "v1" and v < (0, 9, 1)) or (gen == "v0" and v[:3] == (0, 6, 4))
     non_kv = weights + activation + non_torch_gib
     if global_cap:  # other processes and the CUDA context count against the cap
-        non_kv += gpu.other_used_gib + context_gib
+        non_kv += gpu.other_used_gib + COUNTED_CONTEXT_GIB[gpu.datacenter]
     kv_gib = budget - non_kv - (cudagraph_gib if cg_in_budget else 0.0)
     if flags.get("--kv-cache-memory-bytes") and v >= (0, 10, 2):
         kv_gib = (parse_human_int(flags["--kv-cache-memory-bytes"], version) or 0) / GIB
@@ -265,7 +332,7 @@ def simulate(model: ModelSpec, gpu: GpuSpec, version: str, flags: Mapping[str, s
         needed = math.ceil(max_len / block_size) * page
         if needed > usable:
             n["kv_needed_gib"] = round(needed / GIB, 2)
-            if v >= (0, 9, 1) and estimate > 0:  # 0.8.4-0.9.0 never print it (research §3.a)
+            if v >= (0, 9, 1) and estimate > 0:  # 0.8.4-0.9.0 never print it
                 n["fit_max_model_len"] = min(estimate, max_len)
             return _fail("kv_cache_insufficient", "profiling", n)
     n["max_concurrency"] = round(num_blocks / math.ceil(max_len / block_size), 2)

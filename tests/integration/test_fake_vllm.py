@@ -359,9 +359,9 @@ def test_port_already_in_use(launch):
 
 
 @pytest.mark.parametrize("version, needle", [
-    ("0.6.3", "is larger than the maximum number of tokens that can be stored in KV cache (41584)"),
+    ("0.6.3", "is larger than the maximum number of tokens that can be stored in KV cache (39840)"),
     ("0.8.4", "GiB). Based on the available memory,  Try increasing"),
-    ("0.10.2", "the estimated maximum model length is 41584."),
+    ("0.10.2", "the estimated maximum model length is 39744."),
 ])
 def test_kv_messages_follow_the_version(launch, version, needle):
     fake = launch("meta-llama/Llama-3.1-8B-Instruct", scenario={"model": LLAMA_8B, "version": version})

@@ -125,7 +125,7 @@ def test_auto_fit_above_the_asked_length_is_pinned_to_it(run):
 def test_v0_kv_cache_allocation_oom_on_a_busy_gpu_lowers_the_share(run):
     # V0 sizes its cache against its own share; allocating it runs out where another process holds
     # memory (the traceback ends in cache_engine.py _allocate_kv_cache). No NVML here: a step down.
-    g = run({"version": "0.6.6.post1", "model": LLAMA8B, "gpu": {"other_used_gib": 3}},
+    g = run({"version": "0.6.6.post1", "model": LLAMA8B, "gpu": {"other_used_gib": 3.5}},
             vllm_args=["--max-model-len", "8192", "--enforce-eager"])
     s = g.wait_healthy(launches=2)
     first, second = s["launches"]
@@ -438,7 +438,7 @@ def test_sd_notify_ready_status_watchdog_stopping_on_a_real_socket(run, tmp_path
 
 def test_auto_fit_below_the_floor_is_caught(run):
     """--max-model-len auto (0.14+) has no floor: the guard holds vLLM's choice to --min-model-len."""
-    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 19.5}},
+    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 20.0}},
             guard_args=["--min-model-len", "8192"], vllm_args=["--max-model-len", "auto"])
     s = g.wait_for(lambda s: len(s["launches"]) >= 2, 60, "a relaunch after auto-fit")
     first = s["launches"][0]

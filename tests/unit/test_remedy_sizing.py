@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core import memory as M
 from supervisor.core import plan as P
 from supervisor.core import vllm
 from supervisor.core import remedy as R
@@ -127,7 +128,7 @@ def test_v0_busy_gpu_kv_relaunch_leaves_room_for_cuda_graphs():
 # -- a remedy that frees memory also cuts the length the plan says cannot fit ----------------
 def test_no_kv_memory_raises_utilization_and_sizes_the_length():
     version = "0.32.0"
-    flags = Flags.parse("--tensor-parallel-size 2")
+    flags = Flags.parse("--tensor-parallel-size 2 --max-num-seqs 512")
     assert serves("Llama-3.3-70B-Instruct-AWQ", version, flags, count=2).kind == "no_kv_cache_memory"
     s = sizing("Llama-3.3-70B-Instruct-AWQ", version, gpus=2)
     out = R.decide(Diagnosis(Kind.NO_KV_CACHE_MEMORY), flags, ctx(version, s, free=L4_TOTAL, requested=flags))
@@ -140,7 +141,7 @@ def test_no_kv_memory_raises_utilization_and_sizes_the_length():
 
 def test_the_plan_foresees_no_kv_memory_and_the_first_launch_takes_the_remedy():
     version = "0.32.0"
-    flags = Flags.parse("--tensor-parallel-size 2")
+    flags = Flags.parse("--tensor-parallel-size 2 --max-num-seqs 512")
     s = sizing("Llama-3.3-70B-Instruct-AWQ", version, gpus=2)
     fl = s.fit(flags, total_bytes=int(L4_TOTAL * GiB), free_bytes=int(L4_TOTAL * GiB))
     assert fl.expect == "no_kv_cache_memory" and not fl.flags
@@ -166,9 +167,10 @@ def test_utilization_under_free_and_the_v0_gain():
     assert P.utilization_under_free(18.66 * GiB, total, context_bytes=0) == 0.84    # vLLM's own figure
     info = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
     gain = P.v0_chunked_gain_tokens(info, from_tokens=32768, to_tokens=512)
-    # MLP activations at 32768 tokens (3.3 GiB) against the sampler's 256 x 128256 fp32 logits at 512
-    act = P.activation_bytes(info, tokens=32768, seqs=256) - P.activation_bytes(info, tokens=512, seqs=256)
-    assert gain == act // P.kv_bytes_per_token(info) and 15_000 < gain < 25_000
+    # MLP activations at 32768 tokens (3.4 GiB) against the V0 sampler's 256 x 128256 logits at 512
+    act = (M.activation_bytes(info, tokens=32768, seqs=256, engine="v0")
+           - M.activation_bytes(info, tokens=512, seqs=256, engine="v0"))
+    assert gain == act // M.kv_bytes_per_token(info) and 15_000 < gain < 25_000
     assert P.v0_chunked_gain_tokens(info, from_tokens=512, to_tokens=512) == 0
 
 
@@ -191,22 +193,22 @@ def _kv_alloc_failure(name: str, version: str, flags: Flags, held: float) -> Dia
 def test_kv_cache_allocation_oom_lowers_the_share_under_free_memory():
     version, name = "0.6.6.post1", "Llama-3.1-8B-Instruct"
     flags = Flags.parse("--max-model-len 8192 --enforce-eager")
-    d = _kv_alloc_failure(name, version, flags, held=3.0)
-    out = R.decide(d, flags, ctx(version, None, free=L4_TOTAL - 3.0, requested=flags))
+    d = _kv_alloc_failure(name, version, flags, held=3.5)
+    out = R.decide(d, flags, ctx(version, None, free=L4_TOTAL - 3.5, requested=flags))
     assert out.step == "oom_kv_alloc"
-    # NVML's 19.06 free, less vLLM's CUDA context and the margin: (19.06 - 0.4) / 22.06 - 0.005 -> 0.84
-    assert out.flags.get("--gpu-memory-utilization") == "0.84"
-    assert serves(name, version, out.flags, other_gib=3.0).ok
+    # NVML's 18.56 free, less vLLM's CUDA context and the margin: (18.56 - 0.4) / 22.06 - 0.005 -> 0.81
+    assert out.flags.get("--gpu-memory-utilization") == "0.81"
+    assert serves(name, version, out.flags, other_gib=3.5).ok
     blind = R.decide(d, flags, ctx(version, None, free=None, total=None, requested=flags))
     assert blind.flags.get("--gpu-memory-utilization") == "0.85"      # nothing known: 0.05 down
-    again = R.decide(d, out.flags, ctx(version, None, free=L4_TOTAL - 3.0, requested=flags, tried=("oom_kv_alloc",)))
+    again = R.decide(d, out.flags, ctx(version, None, free=L4_TOTAL - 3.5, requested=flags, tried=("oom_kv_alloc",)))
     assert again.step.startswith("oom_profile:")                       # then the profile ladder
 
 
 def test_kv_cache_allocation_oom_with_cuda_graphs_leaves_room_for_them():
     version, name = "0.6.6.post1", "Llama-3.1-8B-Instruct"
     flags = Flags.parse("--max-model-len 8192")
-    d = _kv_alloc_failure(name, version, flags, held=3.0)
-    out = R.decide(d, flags, ctx(version, sizing(name, version), free=L4_TOTAL - 3.0, requested=flags))
-    assert out.flags.get_float("--gpu-memory-utilization") < 0.84     # graphs are captured outside it
-    assert serves(name, version, out.flags, other_gib=3.0).ok
+    d = _kv_alloc_failure(name, version, flags, held=3.5)
+    out = R.decide(d, flags, ctx(version, sizing(name, version), free=L4_TOTAL - 3.5, requested=flags))
+    assert out.flags.get_float("--gpu-memory-utilization") < 0.81     # graphs are captured outside it
+    assert serves(name, version, out.flags, other_gib=3.5).ok

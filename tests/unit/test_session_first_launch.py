@@ -48,7 +48,7 @@ def serves(name: str, version: str, g: Session, held_gib: float = 0.0, count: in
 
 def test_foreseen_no_kv_memory_takes_the_remedy_before_the_first_launch():
     name, version = "Llama-3.3-70B-Instruct-AWQ", "0.32.0"
-    g = planned(name, ["--tensor-parallel-size", "2"], [l4(0), l4(1)], version)
+    g = planned(name, ["--tensor-parallel-size", "2", "--max-num-seqs", "512"], [l4(0), l4(1)], version)
     assert g.sizing is not None and g.sizing.gpus == 2
     util = g.current.get_float("--gpu-memory-utilization")
     assert util is not None and util > 0.92                    # the no-KV ladder's first step

@@ -6,13 +6,13 @@ Sources (published vLLM start-up figures, see docs/benchmarks.md):
 * WEIGHTS_GIB_PER_S 1.21: 21.8 GiB of weights loaded in 18 s, vllm#44881 (per rank: ranks load in parallel).
 * COMPILE_S 19.4: dynamo 4.6 s + torch.compile 14.8 s for Llama-3-8B, vllm PR #11005 (V1 only,
   skipped by --enforce-eager).
-* PROFILE_S 14: memory profiling, vllm-profile-cache (anchors §4.1 "Caching studies").
+* PROFILE_S 14: memory profiling, a published study of caching vLLM's memory profile (vllm-profile-cache).
 * CAPTURE_S 10: CUDA-graph capture for Llama-3-8B, vllm PR #11005 (skipped by --enforce-eager).
-* SETTLE_S 1: GPU memory settles 0.5-1.5 s after a kill (Ollama code comment, anchors §4.2).
-* EXIT_AFTER_ERROR_S 5: the API server exits ~5 s after the engine's error (real vLLM 0.32 capture,
-  /work/notes/real-vllm.md); a script waits for the exit. The guard stops vLLM after its 2 s
-  collection window instead (``collect_after_fatal``).
-* RESTART_SEC 3: ``Restart=always`` units use RestartSec=3 (Ollama's and llama-swap's units, §4.2).
+* SETTLE_S 1: GPU memory settles 0.5-1.5 s after a kill (Ollama's scheduler, a code comment).
+* EXIT_AFTER_ERROR_S 5: the API server exits ~5 s after the engine's error (the real vLLM 0.32
+  capture in tests/fixtures/logs/real-0.32: error at 27.7 s, exit at 33 s); a script waits for the
+  exit. The guard stops vLLM after its 2 s collection window instead (``collect_after_fatal``).
+* RESTART_SEC 3: ``Restart=always`` units use RestartSec=3 (Ollama's systemd unit).
 
 Estimates, not measurements: they only rank the policies by the work each launch repeats.
 """

@@ -197,7 +197,7 @@ def case_rows(results: list[Result]) -> list[dict[str, Any]]:
     return rows
 
 
-COSTS_TEXT = f"""Time to healthy adds, per launch, the phases it reached (published figures, anchors.md §4):
+COSTS_TEXT = f"""Time to healthy adds, per launch, the phases it reached (published figures, docs/benchmarks.md):
 bootstrap {BOOTSTRAP_S:g} s (vllm#44881), weights at {WEIGHTS_GIB_PER_S:.2f} GiB/s per rank (21.8 GiB in 18 s,
 vllm#44881), torch.compile {COMPILE_S:.1f} s on V1 without --enforce-eager (dynamo 4.6 + compile 14.8 s,
 vllm PR #11005), profiling {PROFILE_S:g} s (vllm-profile-cache), CUDA-graph capture {CAPTURE_S:g} s without

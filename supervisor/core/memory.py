@@ -1,14 +1,15 @@
 """vLLM's memory arithmetic: what one token of KV cache costs, how long a context a KV budget holds,
 and how one rank's memory splits between weights, activations, CUDA graphs and the KV cache.
 
-Pure. Two kinds of figures, kept apart on purpose (``docs/memory-model.md`` explains each term
-and where in vLLM's source it comes from):
+Pure. Two kinds of figures, kept apart on purpose (``docs/memory-model.md`` explains each term,
+the vLLM versions it holds for and where in vLLM's source it comes from):
 
 * exact -- KV bytes per token, page and block arithmetic, and the longest ``max_model_len`` a
   given budget holds (the closed form of vLLM's own search, minus the null block from 0.29);
-* estimated -- the activation peak, non-torch memory and CUDA-graph memory that vLLM measures
-  at start-up; the plan holds back a margin for their error (or, from vLLM 0.14, leaves the
-  length to vLLM's own measurement).
+* estimated -- the weights without an index, the profile's activation peak, non-torch memory and
+  CUDA-graph memory that vLLM measures at start-up (:func:`kv_budget`), calibrated on real
+  start-ups (``benchmarks/calibration``), each budget with its error band (:func:`band_bytes`).
+  What a healthy launch printed replaces the estimate (:func:`measured_overhead_bytes`).
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
     ``margin`` of it; ``docs/memory-model.md`` section 7), so a first launch before vLLM 0.14 does
     not fail on an estimate that was too high; from 0.14 an estimated length goes to vLLM's own
     measurement (``--max-model-len auto``). A request the central estimate says fits is never cut,
-    and fp8 KV is never added where the central estimate says the floor fits without it.
+    and fp8 KV or eager mode is added only where even the band's upper end says the floor does not
+    fit without it (``Fit.certain`` is False where the band crosses the line).
     ``gpu_free_bytes`` is NVML's figure before the launch; when it is vLLM's own (printed after its
     CUDA context exists), pass ``context_bytes=0``. ``measured_overhead_bytes`` (and
     ``measured_weights_bytes``): what a healthy launch on this host printed

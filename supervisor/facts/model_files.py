@@ -104,6 +104,21 @@ def _read_json(path: str) -> dict[str, Any] | None:
         return None
 
 
+#: Quantization settings some checkpoints keep beside config.json, and the method each file implies.
+_QUANT_FILES = (("quantize_config.json", "gptq"), ("quant_config.json", "awq"))
+
+
+def _with_quantization_file(config: dict[str, Any], directory: str) -> dict[str, Any]:
+    """config.json with the quantization settings of a side file (older GPTQ/AWQ checkpoints), as vLLM reads them."""
+    if isinstance(config.get("quantization_config"), dict):
+        return config
+    for name, method in _QUANT_FILES:
+        side = _read_json(os.path.join(directory, name))
+        if side:
+            return {**config, "quantization_config": {"quant_method": method, **side}}
+    return config
+
+
 def load_model_info(model: str, *, revision: str | None = None, online: bool | None = None) -> ModelInfo | None:
     """ModelInfo for a local dir, a config.json path, or a Hub id (cache first, then the Hub if online); None if unreadable."""
     if not model:
@@ -129,5 +144,6 @@ def load_model_info(model: str, *, revision: str | None = None, online: bool | N
             return model_info_from_config(config, name=model, path=None)
     if config is None:
         return None
+    config = _with_quantization_file(config, directory)
     weights, source = weights_bytes_in(directory)
     return model_info_from_config(config, name=model, path=directory, weights_bytes=weights, weights_source=source)

@@ -57,7 +57,7 @@ def test_reads_a_config_json_path():
 def test_awq_and_mxfp4_quantization_are_named():
     awq = load_model_info(str(MODELS / "Qwen2.5-32B-Instruct-AWQ"))
     assert awq.quantization == "awq"
-    assert round(awq.weights_bytes / GiB, 2) == 18.00       # research §6: 18.00 GiB
+    assert round(awq.weights_bytes / GiB, 2) == 18.00       # the index: 18.00 GiB
     assert load_model_info(str(MODELS / "Llama-3.3-70B-Instruct-AWQ")).weights_bytes / GiB == pytest.approx(37.04, abs=0.01)
     assert load_model_info(str(MODELS / "gpt-oss-20b")).quantization == "mxfp4"
 
@@ -107,6 +107,16 @@ def test_awq_estimate_from_quantization_config(tmp_path):
     shutil.copy(MODELS / "Qwen2.5-32B-Instruct-AWQ" / "config.json", tmp_path / "config.json")
     info = load_model_info(str(tmp_path))
     assert info.weights_bytes / GiB == pytest.approx(18.00, rel=0.01)
+
+
+def test_quantization_from_a_side_file(tmp_path):
+    # older GPTQ checkpoints keep their settings in quantize_config.json, not config.json
+    cfg = json.loads((MODELS / "Qwen2.5-32B-Instruct" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False}))
+    info = load_model_info(str(tmp_path))
+    assert info.quantization == "gptq" and info.weights_source == "estimate"
+    assert info.weights_bytes / GiB == pytest.approx(18.00, rel=0.01)      # as the AWQ checkpoint's index
 
 
 def test_weights_from_safetensors_file_sizes(tmp_path):

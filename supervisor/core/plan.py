@@ -250,7 +250,7 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
         exact = budget(max(fit, floor)).exact
         return sized(fit, central, f"{asked} tokens do not fit in the KV cache"
                      + (" as configured" if exact else where))
-    left = budget(asked)
+    left = budget(floor if v0 else asked)      # V0 profiles the context: at the floor, the least
     if left.kv_bytes <= 0:
         # Nothing left for the KV cache at all: no length or KV dtype helps; the remedy for that
         # failure (more of the GPU, then less for graphs and the batch) is the one to take.

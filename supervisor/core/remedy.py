@@ -20,7 +20,7 @@ from supervisor.core import vllm
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
                                    KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
-                                   TENSOR_PARALLEL, UTILIZATION, Flags, canonical, format_value)
+                                   TENSOR_PARALLEL, UTILIZATION, Flags, canonical)
 from supervisor.core.memory import kv_bytes_per_token
 from supervisor.core.plan import Fit, Sizing, utilization_under_free, v0_chunked_gain_tokens
 from supervisor.core.units import GiB

@@ -23,7 +23,6 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import structlog
@@ -32,10 +31,9 @@ from supervisor import facts as machine
 from supervisor.config import GuardConfig, default_state_dir
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.exits import describe
-from supervisor.core.flags import MAX_MODEL_LEN, TENSOR_PARALLEL, UTILIZATION, Flags
+from supervisor.core.flags import UTILIZATION, Flags
 from supervisor.core.lifecycle import State
-from supervisor.core.session import DIED, FAILED, STOPPED, End, Facts, Launch, Learned, Outcome, Session
-from supervisor.core.units import GiB
+from supervisor.core.session import DIED, FAILED, STOPPED, End, Launch, Outcome, Session
 from supervisor.errors import EX_SOFTWARE, ConfigError, GuardError, Refused
 from supervisor.facts.nvml import NvmlProvider
 from supervisor.shell import auth, procs, sdnotify, statedir
@@ -156,23 +154,8 @@ class Guard:
         facts = gathered.facts
         self.gpus = Gpus(self.gpu_provider, self.environ, self.state_dir, gathered.gpu_key, facts.devices, self._stop)
         if cfg.plan.learn:
-            facts = self._learned(facts, requested)
+            facts, self._learned_key = statedir.learned_facts(cfg, facts, self.state_dir)
         self.session = Session(cfg, facts, rng=self.rng, on_state=self._on_state)
-
-    def _learned(self, facts: Facts, requested: Flags) -> Facts:
-        """The facts with the flags learned on this host for this model, vLLM and request, if any."""
-        gpus = [(d.name, d.total_bytes) for d in facts.devices] or [("cpu", int((facts.cpu_kv_space_gib or 0) * GiB))]
-        self._learned_key = statedir.learned_key(
-            model=self.cfg.model, revision=None, gpus=gpus, tp=requested.get_int(TENSOR_PARALLEL) or 1,
-            vllm_version=facts.vllm_version, user_args=list(self.cfg.vllm_args))
-        entry = statedir.LearnedStore(self.state_dir).get(self._learned_key)
-        if entry is None:
-            return facts
-        meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
-        reasons = meta.get("reasons") if isinstance(meta.get("reasons"), dict) else {}
-        argv = auth.restore_masked(entry["argv"], list(self.cfg.vllm_args))
-        return replace(facts, learned=Learned(tuple(argv), str(entry.get("saved_at") or ""),
-                                              {str(k): str(v) for k, v in reasons.items()}))
 
     def _refuse_a_port_held_by_others(self) -> None:
         """vLLM's port held by anything but this guard's own (exiting) vLLM: refuse now, naming the holder."""

@@ -71,8 +71,16 @@ class Watcher:
         d = self.classifier.feed(line)
         if d is not None and self.first_fatal is None:
             self.first_fatal = d
-            self.fatal_at = time.monotonic()
+            # A failure vLLM only warns about and then waits on (a Ray placement group short of
+            # GPUs while nodes may still be joining) is acted on after its grace, unless the
+            # start-up moves on meanwhile.
+            grace = d.numbers.get("grace_s")
+            self._grace_phase = self.classifier.phase if grace else None
+            self.fatal_at = time.monotonic() + (float(grace) if isinstance(grace, (int, float)) else 0.0)
             self._nudge.set()
+        elif (self._grace_phase is not None and self.classifier.phase != self._grace_phase
+              and self.first_fatal is not None and self.fatal_at is not None and time.monotonic() < self.fatal_at):
+            self.first_fatal = self.fatal_at = self._grace_phase = None     # it got its GPUs after all
         elif not self._ready_hint and self.classifier.serving:
             self._ready_hint = True      # "Application startup complete.": probe now, not later
             self._nudge.set()
@@ -89,6 +97,7 @@ class Watcher:
         self._nudge.set()
 
     def __post_init__(self) -> None:
+        self._grace_phase: str | None = None
         self._nudge = asyncio.Event()
         self._ready_hint = False
         self._lost: list[int] = []

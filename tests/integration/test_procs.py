@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from supervisor.shell import procs
-from supervisor.shell.statedir import StateError
 
 ROOT = Path(__file__).resolve().parents[2]
 FORKER = str(ROOT / "tests" / "fakes" / "forker.py")
@@ -274,10 +273,14 @@ def test_sweep_with_nothing_left_is_quiet(tmp_path):
     assert procs.sweep_orphans(str(tmp_path / "fresh"), grace=0.1) == []
 
 
-def test_a_broken_launch_record_is_a_clear_error(tmp_path):
-    (tmp_path / "launch.json").write_text("{not json")
-    with pytest.raises(StateError, match="launch.json"):
-        procs.sweep_orphans(str(tmp_path), grace=0.1)
+@pytest.mark.parametrize("content", [b"{not json", bytes(range(256)) * 8, b'{"pid": 1, "tree": 5}', b"[1, 2]"])
+def test_a_broken_launch_record_is_set_aside_and_the_sweep_goes_on(tmp_path, content):
+    (tmp_path / "launch.json").write_bytes(content)
+    assert procs.sweep_orphans(str(tmp_path), grace=0.1) == []
+    assert not (tmp_path / "launch.json").exists() or content == b'{"pid": 1, "tree": 5}'
+    aside = list(tmp_path.glob("launch.json.corrupt-*"))
+    assert aside or content == b'{"pid": 1, "tree": 5}'       # a record of the right shape is just read
+    procs.sweep_orphans(str(tmp_path), grace=0.1)               # and the next sweep is clean too
 
 
 MINI_GUARDS = {

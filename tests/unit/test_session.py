@@ -10,7 +10,7 @@ every edge of the lifecycle table must be taken by some scenario.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import TRANSITIONS, State
 from supervisor.core.session import (DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Launch, Learned, Outcome,
                                      Session)
-from supervisor.errors import EX_CONFIG, EX_TEMPFAIL
 from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"

@@ -42,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         if extra:
-            if getattr(args, "command", None) == "start":
-                print(start.unrecognized_hint(extra), file=sys.stderr)
+            if getattr(args, "command", None) == "start":      # vLLM's flags without `--`, most likely
+                print(start.unrecognized_hint(argv[argv.index(extra[0]):]), file=sys.stderr)
                 return EX_USAGE
             parser.parse_args(argv)               # argparse's own error for the other commands
         func = getattr(args, "func", None)

@@ -269,9 +269,13 @@ class Session:
         return check_auto_fit(dict(numbers), phase, floor=bounds[0], cap=bounds[1])
 
     def observed(self, numbers: Mapping[str, Any]) -> None:
-        """What a launch printed about itself: its vLLM version and KV block size."""
+        """What a launch printed about itself: its vLLM version, KV block size, and (when no length
+        was passed) the length vLLM derived from the model's config, if the guard could not read it."""
         self.vllm_version = numbers.get("vllm_version") or self.vllm_version
         self.block_size = numbers.get("block_size") or self.block_size
+        served = numbers.get("served_max_model_len")
+        if self.derived_max_model_len is None and served and not self.current.has(MAX_MODEL_LEN):
+            self.derived_max_model_len = int(served)
 
     def gpu_observed(self, free_gib: float | None) -> None:
         """The GPU's free memory read again between launches."""
@@ -286,6 +290,7 @@ class Session:
         length that really fits (up to the one asked): nothing left on the table next time, and no
         extra launch now.
         """
+        self.observed(numbers)
         chosen = numbers.get("auto_fit_max_model_len")
         if chosen and self.current.auto_length():
             before = self.notes.get(MAX_MODEL_LEN)

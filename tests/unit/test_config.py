@@ -286,3 +286,10 @@ def test_a_hostile_config_file_is_a_config_error_naming_it(tmp_path, raw, error)
         config.load_file(f)
     with pytest.raises(config.ConfigError, match="not a regular file"):
         config.load_file("/dev/zero")
+
+
+def test_the_readme_lists_every_setting_as_a_variable():
+    """Operators configure containers and units through VLLM_GUARD_*; the README is where they look."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [config.env_name(key) for key in config.SPECS if f"`{config.env_name(key)}`" not in readme]
+    assert missing == []

@@ -121,7 +121,10 @@ class End:
 
     @property
     def message(self) -> str:
-        return f"giving up: {self.reason}" + (f". What could help: {self.advice}" if self.advice else "")
+        text = f"giving up: {self.reason.rstrip('. ')}"
+        if self.advice:
+            text += f". What could help: {self.advice.rstrip('. ')}"
+        return text + "."
 
 
 @dataclass(frozen=True)
@@ -285,10 +288,10 @@ class Session:
     def healthy(self, numbers: Mapping[str, Any], seconds: float) -> Healthy:
         """The launch serves: note vLLM's auto-fit choice and say what to remember.
 
-        Before vLLM 0.14 (no auto-fit) a length the plan or a heal cut is an estimate; vLLM has now
-        printed the KV cache it really has, so the flags remembered for the next start carry the
-        length that really fits (up to the one asked): nothing left on the table next time, and no
-        extra launch now.
+        A length the plan or a heal cut to a number (before vLLM 0.14 there is no auto-fit) may be
+        an estimate; vLLM has now printed the KV cache it really has, so the flags remembered for
+        the next start carry the length that really fits (up to the one asked, less the block vLLM
+        holds back from 0.29): nothing left on the table next time, and no extra launch now.
         """
         self.observed(numbers)
         chosen = numbers.get("auto_fit_max_model_len")
@@ -307,7 +310,8 @@ class Session:
                 and context["fit"] > context["served"] and not self.current.auto_length()
                 and not (self.sizing and self.sizing.info.sliding_window)):
             block = self.block_size or vllm.default_block_size(platform=self.facts.platform)
-            longer = min(context["requested"] or context["fit"], context["fit"] // block * block)
+            usable = context["fit"] // block - (1 if vllm.holds_null_block(self.vllm_version) else 0)
+            longer = min(context["requested"] or context["fit"], usable * block)
             if longer > context["served"]:
                 learn = learn.set(MAX_MODEL_LEN, longer)
                 reasons[MAX_MODEL_LEN] = (f"vLLM measured room for {context['fit']} tokens where {context['served']} "

@@ -14,15 +14,31 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from supervisor.config import GuardConfig
 from supervisor.core import exits
 from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
+from supervisor.shell import procs
 from supervisor.shell.child import Child
 from supervisor.shell.probe import Prober, ProbeResult
 
 #: Checks vLLM's own choices against the guard's bounds (the session's ``check_auto_fit``).
 Bounds = Callable[[Mapping[str, Any], str], "Diagnosis | None"]
+
+
+def port_taken(host: str, port: int, state_dir: str) -> Diagnosis | None:
+    """vLLM's port is not free: a config error when another process holds it (a person must act), a
+    retried one when it is this guard's previous vLLM, still exiting."""
+    holder = procs.port_holder(host, port, ours=procs.state_id(state_dir))
+    if holder is not None:
+        return Diagnosis(Kind.CONFIG_ERROR, evidence=holder, phase="launching",
+                         detail=f"{holder}; stop it or give vLLM another --port")
+    if procs.port_holder(host, port) is not None:
+        return Diagnosis(Kind.CONFIG_ERROR, evidence=f"OSError: [Errno 98] Address already in use: port {port} "
+                         "is still held by this guard's previous vLLM", phase="launching",
+                         detail=f"port {port} is still held by this guard's previous vLLM")
+    return None
 
 
 @dataclass
@@ -35,6 +51,11 @@ class LaunchTimers:
     stop_grace: float
     startup_probe_interval: float = 1.0
     engine_watch_interval: float = 1.0
+
+    @classmethod
+    def of(cls, cfg: GuardConfig) -> "LaunchTimers":
+        return cls(cfg.startup_timeout, cfg.stall_timeout, cfg.collect_after_fatal, cfg.health.interval,
+                   cfg.health.failures, cfg.stop_grace)
 
 
 @dataclass

@@ -379,7 +379,9 @@ def test_port_holder_flags_a_marked_holder(tracked, tmp_path):
     tracked.append(psutil.Process(p.pid))
     port = int(read_line(p.stdout))
     text = procs.port_holder("127.0.0.1", port)
-    assert f"pid {p.pid}" in text and "vllm-guard" in text
+    assert f"pid {p.pid}" in text and "another vllm-guard's vLLM" in text
+    assert procs.port_holder("127.0.0.1", port, ours=procs.state_id(str(tmp_path))) is None   # our own vLLM
+    assert procs.port_holder("127.0.0.1", port, ours=procs.state_id(str(tmp_path / "other"))) == text
     p.stdin.close()
     p.wait()
 
@@ -396,4 +398,4 @@ def test_port_holder_on_ipv6_and_unresolvable_hosts():
                 s.listen()
                 assert f"pid {os.getpid()}" in procs.port_holder("::1", s.getsockname()[1])
     text = procs.port_holder("no-such-host.invalid", 8000)
-    assert text is not None and text.startswith("cannot bind no-such-host.invalid:8000")
+    assert text is not None and text.startswith("vLLM cannot listen on no-such-host.invalid:8000")

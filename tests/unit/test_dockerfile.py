@@ -18,14 +18,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
-import httpx
 import pytest
 
 from supervisor.shell import auth
 from supervisor import config
-from supervisor.cli import build_parser
 from supervisor.shell.metrics import Metrics
 from supervisor.shell.status_server import StatusServer
 from tests.fakes.serve import serving

@@ -16,14 +16,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from supervisor.shell import auth
 from supervisor import config
 from supervisor.shell import procs
-from supervisor.cli import build_parser
 from supervisor.core.flags import Flags
 
 yaml = pytest.importorskip("yaml")

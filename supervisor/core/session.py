@@ -310,8 +310,7 @@ class Session:
                 and context["fit"] > context["served"] and not self.current.auto_length()
                 and not (self.sizing and self.sizing.info.sliding_window)):
             block = self.block_size or vllm.default_block_size(platform=self.facts.platform)
-            usable = context["fit"] // block - (1 if vllm.holds_null_block(self.vllm_version) else 0)
-            longer = min(context["requested"] or context["fit"], usable * block)
+            longer = min(context["requested"] or context["fit"], context["fit"] // block * block)
             if longer > context["served"]:
                 learn = learn.set(MAX_MODEL_LEN, longer)
                 reasons[MAX_MODEL_LEN] = (f"vLLM measured room for {context['fit']} tokens where {context['served']} "
@@ -319,14 +318,20 @@ class Session:
         return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons)
 
     def context(self, numbers: Mapping[str, Any]) -> dict[str, int | None]:
-        """The length served, the length asked for, and the tokens vLLM said its KV cache holds."""
+        """The length served, the length asked for, and the longest one vLLM's KV cache holds: the
+        tokens it printed ("GPU KV cache size: N tokens", V0's blocks), less the block it holds back
+        from 0.29 (its null block: 65536 tokens hold a 65408-token request on the CPU build)."""
         served = (self.current.get_int(MAX_MODEL_LEN) or numbers.get("auto_fit_max_model_len")
                   or numbers.get("served_max_model_len"))
         requested = (self.requested.get_int(MAX_MODEL_LEN) or self.derived_max_model_len
                      or numbers.get("served_max_model_len"))
-        fit = numbers.get("kv_cache_tokens")
-        if fit is None and numbers.get("num_gpu_blocks") and self.block_size:
-            fit = int(numbers["num_gpu_blocks"]) * self.block_size
+        block = self.block_size or vllm.default_block_size(platform=self.facts.platform)
+        tokens = numbers.get("kv_cache_tokens")
+        if tokens is None and numbers.get("num_gpu_blocks"):
+            tokens = int(numbers["num_gpu_blocks"]) * block
+        fit = None
+        if tokens:
+            fit = max(0, int(tokens) - (block if vllm.holds_null_block(self.vllm_version) else 0))
         return {"served": served, "requested": requested, "fit": fit}
 
     def unhealthy(self, why: str) -> None:

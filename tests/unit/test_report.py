@@ -129,10 +129,10 @@ def test_healthy_reports_the_context_served_of_what_fit(tmp_path):
     logs, bodies, report = told(tmp_path, events)
     assert logs[-1]["time_to_healthy_s"] == 42.0 and logs[-1]["event"].startswith("healthy: a chat completion")
     assert bodies[-1]["event"] == "healthy" and bodies[-1]["context"] == {"served": 32768, "requested": 32768,
-                                                                           "fit": 41584}
+                                                                           "fit": 41568}
     doc = report.status(session, pid=None, gpus=[], exit_reason="")
-    assert doc["context"]["text"] == "context served 32768 of 41584 that fit"
-    assert 'vllm_guard_context_fit_tokens 41584.0' in metric(report, "vllm_guard_context_fit_tokens")
+    assert doc["context"]["text"] == "context served 32768 of 41568 that fit"
+    assert 'vllm_guard_context_fit_tokens 41568.0' in metric(report, "vllm_guard_context_fit_tokens")
 
 
 def test_context_text_names_a_cut():

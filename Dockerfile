@@ -10,10 +10,11 @@
 #     -v ~/.cache/huggingface:/root/.cache/huggingface \
 #     vllm-guard:0.1.0 meta-llama/Llama-3.1-8B-Instruct --max-model-len 32768
 #
-# Everything after the image name is appended to `vllm-guard start`: guard options first
-# (--min-model-len 8192, --max-launches 3, ...), then the model, then vLLM's own flags.
-# `--model MODEL -- VLLM_FLAGS` works too. The status endpoint listens on 0.0.0.0 here, so the
-# guard refuses to start without a token of your own (VLLM_GUARD_TOKEN or --token-file).
+# Everything after the image name is `vllm serve`'s command line, unchanged (`vllm-guard serve`):
+# the model, then vLLM's own flags. The guard's settings are VLLM_GUARD_* variables
+# (-e VLLM_GUARD_REMEDIES_MIN_MODEL_LEN=8192 -e VLLM_GUARD_MAX_LAUNCHES=3 ...). The status endpoint
+# listens on 0.0.0.0 here, so the guard refuses to start without a token of your own
+# (VLLM_GUARD_TOKEN, 16 characters or more).
 # --stop-timeout: Docker's default of 10 s is shorter than the guard's own stop grace (20 s).
 # See docs/kubernetes.md.
 
@@ -61,12 +62,15 @@ VOLUME ["/var/lib/vllm-guard"]
 # 8000: vLLM's OpenAI API. 8077: the guard's /healthz, /ready, /status, /metrics.
 EXPOSE 8000 8077
 
-# The guard's own liveness, not vLLM's: a model load takes minutes, and restarting vLLM is the
-# guard's job. Uses the guard's python, so the image needs no curl.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["/opt/vllm-guard/bin/python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('VLLM_GUARD_STATUS_PORT', '8077') + '/healthz', timeout=4)"]
+# Healthy means vLLM serves (the guard's /ready: a chat completion answers), so compose's
+# `depends_on: condition: service_healthy` waits for a model that answers. Loads take minutes:
+# the start period covers a large one. While the guard heals vLLM it is unhealthy, which is the
+# truth; restarting vLLM is the guard's job (its own liveness is /healthz, for Kubernetes).
+# Uses the guard's python, so the image needs no curl.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20m --retries=3 \
+    CMD ["/opt/vllm-guard/bin/python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('VLLM_GUARD_STATUS_PORT', '8077') + '/ready', timeout=4)"]
 
 STOPSIGNAL SIGTERM
 
-ENTRYPOINT ["/usr/bin/tini", "--", "/opt/vllm-guard/bin/vllm-guard", "start"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/vllm-guard/bin/vllm-guard", "serve"]
 CMD []

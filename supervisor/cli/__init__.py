@@ -1,4 +1,4 @@
-"""``vllm-guard``: start | diagnose | plan | status | restart | stop.
+"""``vllm-guard``: serve | start | diagnose | plan | status | restart | stop | history | logs | ps.
 
 Errors become exit codes only here (the codes and their meaning: :mod:`supervisor.errors`).
 """
@@ -19,33 +19,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="vllm-guard",
-        description="A self-healing supervisor for the vLLM OpenAI-compatible server.")
+        description="A self-healing supervisor for the vLLM OpenAI-compatible server.",
+        epilog="Exit codes: 0 stopped on request; 1 a client command failed; 2 usage; 3 `plan`: does not fit; "
+               "70 a bug in vllm-guard; 75 gave up (remedies or launch budget spent; may work later); "
+               "78 a configuration a person must change.")
     parser.add_argument("--version", action="version", version=f"vllm-guard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     start.add_parser(sub)
     diagnose.add_parser(sub)
     plan.add_parser(sub)
-    helps = {"status": "show the running guard's state (--json for everything)",
-             "restart": "relaunch vLLM now (--reset: with the flags you asked for)",
-             "stop": "stop the guard and vLLM"}
-    for command, text in helps.items():
-        p = sub.add_parser(command, help=text, description=text)
-        client.add_client_arguments(p, command)
-        p.set_defaults(func=lambda args, c=command: client.run_client(c, args, os.environ))
+    client.add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return EX_USAGE
+    from supervisor.cli import start
+
     try:
+        if argv and argv[0] == "serve":           # vLLM's command line, unchanged: no parsing here
+            return start.serve(argv[1:])
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            if getattr(args, "command", None) == "start":      # vLLM's flags without `--`, most likely
+                print(start.unrecognized_hint(argv[argv.index(extra[0]):]), file=sys.stderr)
+                return EX_USAGE
+            parser.parse_args(argv)               # argparse's own error for the other commands
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return EX_USAGE
         return int(func(args) or EX_OK)
-    except BrokenPipeError:
+    except BrokenPipeError:                       # `vllm-guard logs | head`
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
         return EX_OK
 
 

@@ -19,7 +19,7 @@ from typing import IO, Any, Iterator
 
 from supervisor.config import GuardConfig, PlanConfig
 from supervisor.core.classifier import Classifier
-from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.diagnosis import Diagnosis
 from supervisor.core.flags import Flags
 from supervisor.core.model import ModelInfo
 from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session

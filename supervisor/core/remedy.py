@@ -20,7 +20,7 @@ from supervisor.core import vllm
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
                                    KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
-                                   TENSOR_PARALLEL, UTILIZATION, Flags, canonical, format_value)
+                                   TENSOR_PARALLEL, UTILIZATION, Flags, canonical)
 from supervisor.core.memory import kv_bytes_per_token
 from supervisor.core.plan import Fit, Sizing, utilization_under_free, v0_chunked_gain_tokens
 from supervisor.core.units import GiB
@@ -576,7 +576,7 @@ def _oom_weights(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
 
 def _restart(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     base = ctx.last_good or current
-    what = d.detail or f"the engine died ({d.kind})"
+    what = (d.detail or f"the engine died ({d.kind})").rstrip(". ")
     return Relaunch(base, (), f"{what}; relaunching with the last good flags", backoff=True,
                     step="restart")
 
@@ -621,8 +621,49 @@ def _config_error(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         if kv is not None:
             reason += f" ({kv.evidence[:200]})"
         return GiveUp(reason, EX_TEMPFAIL, ADVICE)
-    return GiveUp(d.detail or f"vLLM refused the configuration: {d.evidence[:300]}", EX_CONFIG,
-                  "fix the model name, the arguments or the environment, then start again")
+    specific = {"required_gpus", "required_placement_groups", "env_var"} & d.numbers.keys()
+    if d.detail and (specific or (d.evidence and d.evidence in d.detail)):
+        return GiveUp(d.detail, EX_CONFIG, "")       # it names the cause and what to change
+    return GiveUp(f"vLLM refused its configuration: {d.evidence[:300].rstrip('. ')}", EX_CONFIG,
+                  config_advice(d.evidence))
+
+
+#: What a person can do about a configuration vLLM refused, by what vLLM's line says (first match).
+_CONFIG_ADVICE = (
+    (("gatedrepoerror", "gated repo", "access to model", "is restricted"),
+     "the model is gated: accept its licence on huggingface.co and give vLLM a token that may read it "
+     "(HF_TOKEN in the guard's environment; /etc/vllm-guard/env under systemd)"),
+    (("repositorynotfound", "repository not found", "is not a local folder", "not a valid model identifier",
+      "does not appear to have a file named", "no such file or directory", "404 client error"),
+     "check the model name: a Hugging Face repo id (org/name) or a local directory with config.json; a "
+     "private repo also needs HF_TOKEN"),
+    (("401 client error", "403 client error", "invalid user token", "invalid credentials"),
+     "Hugging Face refused the token: set HF_TOKEN to a valid token with access to the model"),
+    (("trust_remote_code", "trust-remote-code"),
+     "the model ships its own code: add --trust-remote-code if you trust it"),
+    (("world size", "tensor_parallel_size", "tensor parallel size", "pipeline parallel", "number of gpus",
+      "gpus available", "cuda_visible_devices", "not divisible"),
+     "make --tensor-parallel-size x --pipeline-parallel-size fit the GPUs this process sees "
+     "(CUDA_VISIBLE_DEVICES) and divide the model's attention heads"),
+    (("unrecognized arguments", "unrecognized argument", "no such option", "invalid choice"),
+     "remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version"),
+    (("address already in use",),
+     "stop the process holding the port, or give vLLM another --port"),
+    (("not supported", "unsupported", "does not support", "requires compute capability", "compute capability"),
+     "this GPU or this vLLM does not support what was asked: choose a --dtype, --quantization or "
+     "--kv-cache-dtype it supports, or another vLLM version"),
+    (("out of range", "must be", "invalid", "validationerror", "validation error"),
+     "correct the value vLLM names in the flags or in vLLM's --config file"),
+)
+
+
+def config_advice(evidence: str) -> str:
+    """What could help with a configuration vLLM refused, from its own line."""
+    text = evidence.lower()
+    for needles, advice in _CONFIG_ADVICE:
+        if any(n in text for n in needles):
+            return advice
+    return "fix the model name, the arguments or the environment named in vLLM's line, then start again"
 
 
 _RULES = {

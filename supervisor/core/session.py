@@ -121,7 +121,10 @@ class End:
 
     @property
     def message(self) -> str:
-        return f"giving up: {self.reason}" + (f". What could help: {self.advice}" if self.advice else "")
+        text = f"giving up: {self.reason.rstrip('. ')}"
+        if self.advice:
+            text += f". What could help: {self.advice.rstrip('. ')}"
+        return text + "."
 
 
 @dataclass(frozen=True)
@@ -269,9 +272,13 @@ class Session:
         return check_auto_fit(dict(numbers), phase, floor=bounds[0], cap=bounds[1])
 
     def observed(self, numbers: Mapping[str, Any]) -> None:
-        """What a launch printed about itself: its vLLM version and KV block size."""
+        """What a launch printed about itself: its vLLM version, KV block size, and (when no length
+        was passed) the length vLLM derived from the model's config, if the guard could not read it."""
         self.vllm_version = numbers.get("vllm_version") or self.vllm_version
         self.block_size = numbers.get("block_size") or self.block_size
+        served = numbers.get("served_max_model_len")
+        if self.derived_max_model_len is None and served and not self.current.has(MAX_MODEL_LEN):
+            self.derived_max_model_len = int(served)
 
     def gpu_observed(self, free_gib: float | None) -> None:
         """The GPU's free memory read again between launches."""
@@ -281,11 +288,12 @@ class Session:
     def healthy(self, numbers: Mapping[str, Any], seconds: float) -> Healthy:
         """The launch serves: note vLLM's auto-fit choice and say what to remember.
 
-        Before vLLM 0.14 (no auto-fit) a length the plan or a heal cut is an estimate; vLLM has now
-        printed the KV cache it really has, so the flags remembered for the next start carry the
-        length that really fits (up to the one asked): nothing left on the table next time, and no
-        extra launch now.
+        A length the plan or a heal cut to a number (before vLLM 0.14 there is no auto-fit) may be
+        an estimate; vLLM has now printed the KV cache it really has, so the flags remembered for
+        the next start carry the length that really fits (up to the one asked, less the block vLLM
+        holds back from 0.29): nothing left on the table next time, and no extra launch now.
         """
+        self.observed(numbers)
         chosen = numbers.get("auto_fit_max_model_len")
         if chosen and self.current.auto_length():
             before = self.notes.get(MAX_MODEL_LEN)
@@ -310,14 +318,20 @@ class Session:
         return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons)
 
     def context(self, numbers: Mapping[str, Any]) -> dict[str, int | None]:
-        """The length served, the length asked for, and the tokens vLLM said its KV cache holds."""
+        """The length served, the length asked for, and the longest one vLLM's KV cache holds: the
+        tokens it printed ("GPU KV cache size: N tokens", V0's blocks), less the block it holds back
+        from 0.29 (its null block: 65536 tokens hold a 65408-token request on the CPU build)."""
         served = (self.current.get_int(MAX_MODEL_LEN) or numbers.get("auto_fit_max_model_len")
                   or numbers.get("served_max_model_len"))
         requested = (self.requested.get_int(MAX_MODEL_LEN) or self.derived_max_model_len
                      or numbers.get("served_max_model_len"))
-        fit = numbers.get("kv_cache_tokens")
-        if fit is None and numbers.get("num_gpu_blocks") and self.block_size:
-            fit = int(numbers["num_gpu_blocks"]) * self.block_size
+        block = self.block_size or vllm.default_block_size(platform=self.facts.platform)
+        tokens = numbers.get("kv_cache_tokens")
+        if tokens is None and numbers.get("num_gpu_blocks"):
+            tokens = int(numbers["num_gpu_blocks"]) * block
+        fit = None
+        if tokens:
+            fit = max(0, int(tokens) - (block if vllm.holds_null_block(self.vllm_version) else 0))
         return {"served": served, "requested": requested, "fit": fit}
 
     def unhealthy(self, why: str) -> None:

@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
+
+from supervisor.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -70,3 +72,19 @@ def _installed(argv: tuple[str, ...]) -> Installed | None:
 def installed(argv: Sequence[str]) -> Installed | None:
     """The vLLM behind ``argv`` (from package metadata, no torch import); None when it cannot be read."""
     return _installed(tuple(argv))
+
+
+def require_command(argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """vLLM's command must exist before anything is launched: else a config error saying where it was
+    looked for and how to point at another."""
+    exe = argv[0] if argv else ""
+    path = environ.get("PATH", os.defpath)
+    if exe and shutil.which(exe, path=path):
+        return
+    where = f"{exe} does not exist or is not executable" if "/" in exe else f"'{exe}' is not on PATH ({path})"
+    venv = environ.get("VIRTUAL_ENV")
+    raise ConfigError(
+        f"cannot find vLLM's command: {where}"
+        + (f"; the active virtualenv is {venv}" if venv else "")
+        + ". Install vLLM there, or point vllm_command (--vllm-command, VLLM_GUARD_VLLM_COMMAND) at it, e.g. "
+          "'/opt/vllm/bin/vllm serve' or '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'")

@@ -116,17 +116,17 @@ def resolve_token(state_dir: str, token_file: str, environ: Mapping[str, str]) -
     return token, path, False
 
 
-def read_client_token(state_dir: str, token_file: str | None, environ: Mapping[str, str]) -> str | None:
-    """The token a CLI client sends: $VLLM_GUARD_TOKEN, else the given file, else <state_dir>/token."""
+def read_client_token(token_file: str | None, environ: Mapping[str, str]) -> str | None:
+    """The token a CLI client sends: $VLLM_GUARD_TOKEN, else ``token_file`` (the one given, or the one
+    the guard named in its guard.json). Never a guess: a token is not sent where it does not belong."""
     env = environ.get(TOKEN_ENV, "").strip()
     if env:
         return env
-    for path in (token_file, str(Path(state_dir) / TOKEN_FILE_NAME)):
-        if path:
-            try:
-                return _read_token(path)
-            except TokenError:
-                continue
+    if token_file:
+        try:
+            return _read_token(token_file)
+        except TokenError:
+            return None
     return None
 
 

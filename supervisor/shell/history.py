@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import structlog
 
 from supervisor.shell import auth
-from supervisor.shell.statedir import append_line, safe_open_read
+from supervisor.shell.statedir import StateError, append_line, safe_open_read
 
 log = structlog.get_logger("vllm-guard")
 
@@ -113,8 +113,8 @@ def read(state_dir: str) -> Iterator[dict[str, Any]]:
     for path in (base.with_name(HISTORY_FILE + ".1"), base):
         try:
             f = safe_open_read(path)
-        except FileNotFoundError:
-            continue
+        except (FileNotFoundError, StateError):
+            continue              # absent, or not a file to trust (a planted link): nothing to read
         with f:
             for raw in f:
                 try:

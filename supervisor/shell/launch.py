@@ -14,15 +14,31 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from supervisor.config import GuardConfig
 from supervisor.core import exits
 from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
+from supervisor.shell import procs
 from supervisor.shell.child import Child
 from supervisor.shell.probe import Prober, ProbeResult
 
 #: Checks vLLM's own choices against the guard's bounds (the session's ``check_auto_fit``).
 Bounds = Callable[[Mapping[str, Any], str], "Diagnosis | None"]
+
+
+def port_taken(host: str, port: int, state_dir: str) -> Diagnosis | None:
+    """vLLM's port is not free: a config error when another process holds it (a person must act), a
+    retried one when it is this guard's previous vLLM, still exiting."""
+    holder = procs.port_holder(host, port, ours=procs.state_id(state_dir))
+    if holder is not None:
+        return Diagnosis(Kind.CONFIG_ERROR, evidence=holder, phase="launching",
+                         detail=f"{holder}; stop it or give vLLM another --port")
+    if procs.port_holder(host, port) is not None:
+        return Diagnosis(Kind.CONFIG_ERROR, evidence=f"OSError: [Errno 98] Address already in use: port {port} "
+                         "is still held by this guard's previous vLLM", phase="launching",
+                         detail=f"port {port} is still held by this guard's previous vLLM")
+    return None
 
 
 @dataclass
@@ -35,6 +51,11 @@ class LaunchTimers:
     stop_grace: float
     startup_probe_interval: float = 1.0
     engine_watch_interval: float = 1.0
+
+    @classmethod
+    def of(cls, cfg: GuardConfig) -> "LaunchTimers":
+        return cls(cfg.startup_timeout, cfg.stall_timeout, cfg.collect_after_fatal, cfg.health.interval,
+                   cfg.health.failures, cfg.stop_grace)
 
 
 @dataclass
@@ -71,8 +92,16 @@ class Watcher:
         d = self.classifier.feed(line)
         if d is not None and self.first_fatal is None:
             self.first_fatal = d
-            self.fatal_at = time.monotonic()
+            # A failure vLLM only warns about and then waits on (a Ray placement group short of
+            # GPUs while nodes may still be joining) is acted on after its grace, unless the
+            # start-up moves on meanwhile.
+            grace = d.numbers.get("grace_s")
+            self._grace_phase = self.classifier.phase if grace else None
+            self.fatal_at = time.monotonic() + (float(grace) if isinstance(grace, (int, float)) else 0.0)
             self._nudge.set()
+        elif (self._grace_phase is not None and self.classifier.phase != self._grace_phase
+              and self.first_fatal is not None and self.fatal_at is not None and time.monotonic() < self.fatal_at):
+            self.first_fatal = self.fatal_at = self._grace_phase = None     # it got its GPUs after all
         elif not self._ready_hint and self.classifier.serving:
             self._ready_hint = True      # "Application startup complete.": probe now, not later
             self._nudge.set()
@@ -89,6 +118,7 @@ class Watcher:
         self._nudge.set()
 
     def __post_init__(self) -> None:
+        self._grace_phase: str | None = None
         self._nudge = asyncio.Event()
         self._ready_hint = False
         self._lost: list[int] = []

@@ -61,6 +61,32 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+class _Tolerant:
+    """A stream whose writes never raise: the guard's log going to a terminal that closed (SSH gone,
+    a pipe whose reader died) must not end the guard while it supervises vLLM."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:
+        return _isatty(self._stream)
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
 def configure_logging(json: bool | None = None, level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog (and the stdlib root logger) once: JSON unless ``stream`` is a TTY.
 
@@ -89,10 +115,11 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
                      else structlog.dev.ConsoleRenderer(colors=_isatty(stream)))
     processors.append(_PriorityRenderer(renderer) if journal else renderer)
 
+    out = _Tolerant(stream)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level.lower()]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     # Libraries (httpx, asyncio) log through the stdlib: warnings and worse, same stream.
@@ -100,7 +127,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     for handler in list(root.handlers):
         if getattr(handler, "_vllm_guard", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(out)  # type: ignore[arg-type]
     handler._vllm_guard = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)

@@ -10,10 +10,11 @@ whose reader died) is not an error: the line still reaches the ring file.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 import structlog
 
@@ -94,3 +95,34 @@ def _lines(path: Path) -> Iterator[bytes]:
     with f:
         for raw in f:
             yield raw.rstrip(b"\r\n")
+
+
+def follow(state_dir: str, poll: float = 0.5) -> Iterator[bytes]:
+    """New lines of the ring file as they are written (through rotations), until interrupted. Lines
+    already in the file when it is first opened are skipped (``tail`` has shown them)."""
+    path = Path(state_dir) / LOG_FILE
+    f: IO[bytes] | None = None
+    skip_existing = True
+    while True:
+        if f is None:
+            try:
+                f = safe_open_read(path)
+            except (FileNotFoundError, StateError):
+                skip_existing = False            # a file that appears later is read from its start
+                time.sleep(poll)
+                continue
+            if skip_existing:
+                f.seek(0, os.SEEK_END)
+        line = f.readline()
+        if line:
+            yield line.rstrip(b"\r\n")
+            continue
+        try:
+            rotated = os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+        except OSError:
+            rotated = True
+        if rotated:
+            f.close()
+            f, skip_existing = None, False
+            continue
+        time.sleep(poll)

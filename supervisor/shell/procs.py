@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from supervisor.shell import auth
 from supervisor.shell.statedir import StateError, ensure_dir, read_json, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
@@ -395,22 +396,19 @@ def port_holder_info(host: str, port: int) -> dict[str, Any] | None:
     return info
 
 
-def port_holder(host: str, port: int) -> str | None:
-    """A description of what holds ``host:port`` (naming its pid when visible), or None when free."""
+def port_holder(host: str, port: int, ours: str | None = None) -> str | None:
+    """What holds vLLM's port, in words; None when it is free or (``ours``: a state id) one of this guard's."""
     info = port_holder_info(host, port)
     if info is None:
         return None
-    where = f"{host or '*'}:{port}"
     if not info["in_use"]:
-        return f"cannot bind {where}: {info['error']}"
-    if info["pid"] is None:
-        return f"{where} is in use by a process this user cannot see"
-    cmd = " ".join(info.get("cmdline") or []) or info.get("name", "?")
-    if len(cmd) > 160:
-        cmd = cmd[:157] + "..."
-    text = f"{where} is held by pid {info['pid']} ({info.get('name', '?')}: {cmd})"
-    if info.get("user"):
-        text += f", user {info['user']}"
-    if info.get("marker"):
-        text += f", launched by vllm-guard (launch {info['marker']})"
-    return text
+        return f"vLLM cannot listen on {host or '*'}:{port}: {info['error']}"
+    marker = info.get("marker") or ""
+    if ours is not None and marker.startswith(ours + ":"):
+        return None
+    if info.get("pid") is None:
+        return f"port {port} is in use by a process this user cannot see (another user's; `sudo ss -ltnp` names it)"
+    cmd = auth.redact_text(" ".join(auth.redact_argv(info.get("cmdline") or [])) or info.get("name", "?"))[:160]
+    who = "another vllm-guard's vLLM" if marker else (info.get("name") or "a process")
+    user = f", user {info['user']}" if info.get("user") else ""
+    return f"port {port} is held by {who} (pid {info['pid']}{user}: {cmd})"

@@ -534,6 +534,30 @@ async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5, on_wait: C
 # --- learned flags --------------------------------------------------------------------------
 
 
+def learned_facts(cfg: Any, facts: Any, state_dir: str) -> tuple[Any, str]:
+    """``facts`` with the flags learned in ``state_dir`` for this model, GPUs, vLLM and request, and
+    the store key; secret values come back from the flags given (the store never holds them)."""
+    from dataclasses import replace
+
+    from supervisor.core.session import Learned
+    from supervisor.shell.auth import restore_masked
+
+    requested = cfg.requested_flags()
+    gpus = [(d.name, d.total_bytes) for d in facts.devices] or [("cpu", int((facts.cpu_kv_space_gib or 0) * (1 << 30)))]
+    key = learned_key(model=cfg.model, revision=None, gpus=gpus, tp=requested.get_int("--tensor-parallel-size") or 1,
+                      vllm_version=facts.vllm_version, user_args=list(cfg.vllm_args))
+    if not os.path.isdir(state_dir):
+        return facts, key
+    entry = LearnedStore(state_dir).get(key)
+    if entry is None:
+        return facts, key
+    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    reasons = meta.get("reasons") if isinstance(meta.get("reasons"), dict) else {}
+    argv = restore_masked(entry["argv"], list(cfg.vllm_args))
+    return replace(facts, learned=Learned(tuple(argv), str(entry.get("saved_at") or ""),
+                                          {str(k): str(v) for k, v in reasons.items()})), key
+
+
 def learned_key(
     *,
     model: str,

@@ -109,6 +109,13 @@ class GuardRun:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"guard did not exit in {timeout} s\n{self.output()[-4000:]}")
 
+    def history(self) -> list[dict[str, Any]]:
+        """What ``vllm-guard history --json`` prints for this guard's state dir (also after it stopped)."""
+        out = subprocess.run([sys.executable, "-m", "supervisor", "history", "--json", "--state-dir",
+                              str(self.state_dir)], env=self.env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
     def chat(self, model: str = "fake/model") -> httpx.Response:
         return httpx.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", timeout=10,
                           json={"model": model, "max_tokens": 1,

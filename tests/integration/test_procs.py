@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from supervisor.shell import procs
-from supervisor.shell.statedir import StateError
 
 ROOT = Path(__file__).resolve().parents[2]
 FORKER = str(ROOT / "tests" / "fakes" / "forker.py")
@@ -274,10 +273,14 @@ def test_sweep_with_nothing_left_is_quiet(tmp_path):
     assert procs.sweep_orphans(str(tmp_path / "fresh"), grace=0.1) == []
 
 
-def test_a_broken_launch_record_is_a_clear_error(tmp_path):
-    (tmp_path / "launch.json").write_text("{not json")
-    with pytest.raises(StateError, match="launch.json"):
-        procs.sweep_orphans(str(tmp_path), grace=0.1)
+@pytest.mark.parametrize("content", [b"{not json", bytes(range(256)) * 8, b'{"pid": 1, "tree": 5}', b"[1, 2]"])
+def test_a_broken_launch_record_is_set_aside_and_the_sweep_goes_on(tmp_path, content):
+    (tmp_path / "launch.json").write_bytes(content)
+    assert procs.sweep_orphans(str(tmp_path), grace=0.1) == []
+    assert not (tmp_path / "launch.json").exists() or content == b'{"pid": 1, "tree": 5}'
+    aside = list(tmp_path.glob("launch.json.corrupt-*"))
+    assert aside or content == b'{"pid": 1, "tree": 5}'       # a record of the right shape is just read
+    procs.sweep_orphans(str(tmp_path), grace=0.1)               # and the next sweep is clean too
 
 
 MINI_GUARDS = {
@@ -376,7 +379,9 @@ def test_port_holder_flags_a_marked_holder(tracked, tmp_path):
     tracked.append(psutil.Process(p.pid))
     port = int(read_line(p.stdout))
     text = procs.port_holder("127.0.0.1", port)
-    assert f"pid {p.pid}" in text and "vllm-guard" in text
+    assert f"pid {p.pid}" in text and "another vllm-guard's vLLM" in text
+    assert procs.port_holder("127.0.0.1", port, ours=procs.state_id(str(tmp_path))) is None   # our own vLLM
+    assert procs.port_holder("127.0.0.1", port, ours=procs.state_id(str(tmp_path / "other"))) == text
     p.stdin.close()
     p.wait()
 
@@ -393,4 +398,4 @@ def test_port_holder_on_ipv6_and_unresolvable_hosts():
                 s.listen()
                 assert f"pid {os.getpid()}" in procs.port_holder("::1", s.getsockname()[1])
     text = procs.port_holder("no-such-host.invalid", 8000)
-    assert text is not None and text.startswith("cannot bind no-such-host.invalid:8000")
+    assert text is not None and text.startswith("vLLM cannot listen on no-such-host.invalid:8000")

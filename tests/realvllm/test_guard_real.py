@@ -102,6 +102,19 @@ def test_kv_cache_failure_is_healed_in_one_relaunch(noplan: GuardProc) -> None:
     _assert_chat(noplan)
 
 
+def test_the_status_shows_the_kv_capacity_vllm_measured(noplan: GuardProc) -> None:
+    s = noplan.wait_healthy(2, timeout=2 * LAUNCH_S)
+    # What vLLM printed, from the guard's own copy of its output ("CPU KV cache size: 65,536 tokens").
+    printed = re.findall(r"KV cache size: ([\d,]+) tokens", (noplan.state_dir / "vllm.log").read_text())
+    assert printed, "vLLM's KV cache size line is not in the kept output"
+    tokens = int(printed[-1].replace(",", ""))
+    served = int(_flag(s["launches"][1]["argv"], "--max-model-len") or 0)
+    assert s["launches"][1]["measured"]["kv_cache_tokens"] == tokens, s["launches"][1]["measured"]
+    # vLLM 0.32 holds one block back (its null block): the longest context that fits is one block less.
+    assert s["context"]["fit"] == tokens - BLOCK and s["context"]["served"] == served, s["context"]
+    assert s["context"]["text"] == f"context served {served} of {tokens - BLOCK} that fit", s["context"]
+
+
 def test_killed_engine_core_is_relaunched_with_the_same_flags(noplan: GuardProc) -> None:
     s = noplan.wait_healthy(2, timeout=2 * LAUNCH_S)
     old_api = s["pid"]

@@ -22,6 +22,10 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def _ns(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**kw)
+
+
 def write(tmp_path: Path, text: str, name: str = "guard.toml") -> str:
     path = tmp_path / name
     path.write_text(text)
@@ -247,3 +251,45 @@ def test_default_state_dir(environ, expected):
 def test_resolve_fills_the_state_dir_and_expands_home():
     assert config.resolve(parse("--model", "m"), HOME).state_dir == "/home/u/.local/state/vllm-guard"
     assert config.resolve(parse("--model", "m", "--state-dir", "~/g"), HOME).state_dir == "/home/u/g"
+
+
+def test_vllms_own_config_yaml_is_read_to_know_its_values(tmp_path):
+    yaml_file = tmp_path / "vllm.yaml"
+    yaml_file.write_text("port: 9100\nmax-model-len: 32768\nenforce-eager: true\ntrust-remote-code: false\n"
+                         "compilation-config:\n  level: 3\nmodel: org/from-yaml\n")
+    cfg = config.resolve(_ns(vllm_args=["--config", str(yaml_file), "--max-model-len", "16384"]), {"HOME": str(tmp_path)})
+    assert cfg.model == "org/from-yaml"
+    flags = cfg.requested_flags()
+    assert flags.get("--max-model-len") == "16384" and flags.enabled("--enforce-eager")
+    assert not flags.enabled("--trust-remote-code") and flags.get("--compilation-config") == '{"level": 3}'
+    assert cfg.endpoint() == ("127.0.0.1", 9100)        # the port vLLM will use is the file's
+    argv = cfg.launch_argv(flags)
+    assert argv[argv.index("--port") + 1] == "9100" and "--config" in argv
+
+
+@pytest.mark.parametrize("content,error", [("- a list\n", "must hold a mapping"), ("a: [unclosed\n", "not valid YAML"),
+                                           (None, "does not exist")])
+def test_a_broken_vllm_config_yaml_is_a_config_error_naming_it(tmp_path, content, error):
+    yaml_file = tmp_path / "vllm.yaml"
+    if content is not None:
+        yaml_file.write_text(content)
+    with pytest.raises(config.ConfigError, match=error):
+        config.resolve(_ns(vllm_args=["m", "--config", str(yaml_file)]), {"HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("raw,error", [(b"model = \"m\"\n\xff\xfe\n", "not UTF-8"),
+                                       (b"model = 'm'\nvllm_command = \"vllm\\u0000serve\"\n", "NUL")])
+def test_a_hostile_config_file_is_a_config_error_naming_it(tmp_path, raw, error):
+    f = tmp_path / "bad.toml"
+    f.write_bytes(raw)
+    with pytest.raises(config.ConfigError, match=error):
+        config.load_file(f)
+    with pytest.raises(config.ConfigError, match="not a regular file"):
+        config.load_file("/dev/zero")
+
+
+def test_the_readme_lists_every_setting_as_a_variable():
+    """Operators configure containers and units through VLLM_GUARD_*; the README is where they look."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [config.env_name(key) for key in config.SPECS if f"`{config.env_name(key)}`" not in readme]
+    assert missing == []

@@ -18,14 +18,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
-import httpx
 import pytest
 
 from supervisor.shell import auth
 from supervisor import config
-from supervisor.cli import build_parser
 from supervisor.shell.metrics import Metrics
 from supervisor.shell.status_server import StatusServer
 from tests.fakes.serve import serving
@@ -73,20 +70,15 @@ def image_env() -> dict[str, str]:
 
 
 def guard_argv_prefix() -> list[str]:
-    """The ENTRYPOINT after `vllm-guard start`: what `docker run IMAGE ARGS` prepends to ARGS."""
+    """The ENTRYPOINT after `vllm-guard serve`: what `docker run IMAGE ARGS` prepends to ARGS."""
     argv = exec_form("ENTRYPOINT")
-    assert "start" in argv
-    return argv[argv.index("start") + 1:]
-
-
-def start_parser() -> Callable[[list[str]], argparse.Namespace]:
-    """The real `vllm-guard start` parser."""
-    parser = build_parser()
-    return lambda argv: parser.parse_args(["start", *argv])
+    assert "serve" in argv
+    return argv[argv.index("serve") + 1:]
 
 
 def resolve(argv: list[str], environ: dict[str, str]) -> config.GuardConfig:
-    return config.resolve(start_parser()(argv), environ)
+    """What `vllm-guard serve ARGV` resolves to (the same Namespace `serve` builds)."""
+    return config.resolve(argparse.Namespace(vllm_args=list(argv)), environ)
 
 
 @pytest.fixture
@@ -125,7 +117,7 @@ def test_the_guard_is_installed_from_the_copied_repo_into_its_own_venv() -> None
         assert pip == f"{VENV}/bin/pip", f"{pip} install would touch the image's own python"
         assert "--system" not in rest
     assert any(src in shlex.split(rest) for _pip, rest in installs), f"nothing installs {src}"
-    assert exec_form("ENTRYPOINT")[2:4] == [f"{VENV}/bin/vllm-guard", "start"]
+    assert exec_form("ENTRYPOINT")[2:4] == [f"{VENV}/bin/vllm-guard", "serve"]
 
 
 def test_the_build_context_is_what_pip_builds_from(tmp_path: Path) -> None:
@@ -184,18 +176,17 @@ def test_volume_ports_and_env_agree_with_the_guard_defaults(clean_env: dict[str,
 @pytest.mark.parametrize("run_args, model, vllm_args", [
     (["meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768"],
      "meta-llama/Llama-3.1-8B-Instruct", ("--max-model-len", "32768")),
-    (["--min-model-len", "8192", "--model", "Qwen/Qwen2.5-7B-Instruct", "--", "-tp", "2"],
-     "Qwen/Qwen2.5-7B-Instruct", ("-tp", "2")),
-    (["--state-dir", "/data/guard", "org/model"], "org/model", ()),
+    (["--model", "Qwen/Qwen2.5-7B-Instruct", "-tp", "2"], "Qwen/Qwen2.5-7B-Instruct", ("-tp", "2")),
+    (["org/model"], "org/model", ()),
 ])
-def test_docker_run_arguments_reach_vllm_guard_start(
+def test_docker_run_arguments_are_vllm_serves_own(
     clean_env: dict[str, str], run_args: list[str], model: str, vllm_args: tuple[str, ...]
 ) -> None:
     cfg = resolve(guard_argv_prefix() + run_args, clean_env)
     assert cfg.model == model
     assert cfg.vllm_args == vllm_args
-    if "--state-dir" in run_args:  # a command-line option beats the image's ENV
-        assert cfg.state_dir == "/data/guard"
+    clean_env["VLLM_GUARD_STATE_DIR"] = "/data/guard"      # the guard's settings: -e VLLM_GUARD_...
+    assert resolve(guard_argv_prefix() + run_args, clean_env).state_dir == "/data/guard"
 
 
 def test_the_image_alone_refuses_to_start_without_a_model(clean_env: dict[str, str]) -> None:
@@ -240,18 +231,21 @@ def run_healthcheck(port: int) -> int:
     return subprocess.run([sys.executable, *argv[1:]], env=env, timeout=30, capture_output=True).returncode
 
 
-def test_healthcheck_asks_the_guard_not_vllm() -> None:
+def test_healthcheck_means_vllm_serves() -> None:
     options, argv = healthcheck()
-    assert "/healthz" in argv[-1] and "/ready" not in argv[-1]
+    assert "/ready" in argv[-1]                     # compose's service_healthy: a model that answers
     assert "VLLM_GUARD_STATUS_PORT" in argv[-1]  # follows the port the guard listens on
     assert set(options) >= {"interval", "timeout", "start-period", "retries"}
+    assert options["start-period"].endswith("m")    # minutes: a large model's load
 
 
-def test_healthcheck_passes_while_the_guard_answers_even_if_vllm_is_not_ready() -> None:
+def test_healthcheck_passes_only_while_vllm_serves() -> None:
+    ready = {"now": False}
     server = StatusServer("127.0.0.1", 0, "healthcheck-token", lambda: {"state": "starting"},
-                          lambda name, params: None, Metrics(), lambda: False)
+                          lambda name, params: None, Metrics(), lambda: ready["now"])
     with serving(server):
-        assert httpx.get(f"{server.url}/ready").status_code == 503  # vLLM still loading
+        assert run_healthcheck(server.port) != 0     # the guard answers, vLLM still loading: not yet
+        ready["now"] = True
         assert run_healthcheck(server.port) == 0
         port = server.port
     assert run_healthcheck(port) != 0  # nobody listens any more: unhealthy

@@ -59,3 +59,18 @@ def test_removed_flags_by_version():
     assert "0.18.0" in removed_flag("--swap_space", (0, 18, 0))
     assert removed_flag("--max-model-len", (0, 33, 0)) is None
     assert removed_flag("--swap-space", None) is None
+
+
+def test_flags_over_a_config_file_layer():
+    from supervisor.core.flags import Flags
+
+    base = Flags.parse(["--max-model-len", "32768", "--enforce-eager", "--port", "9000"])
+    f = Flags.parse(["--config", "v.yaml", "--max-model-len", "16384"], base=base)
+    assert f.get("--max-model-len") == "16384"          # the command line wins over the file
+    assert f.get("--port") == "9000" and f.enabled("--enforce-eager") and f.has("--port")
+    assert f.argv() == ["--config", "v.yaml", "--max-model-len", "16384"]      # vLLM reads the file itself
+    changed = f.set("--port", 9001).remove("--max-model-len")
+    assert changed.get("--port") == "9001" and changed.get("--max-model-len") == "32768"
+    assert changed.argv() == ["--config", "v.yaml", "--port", "9001"]
+    assert f.set("--no-enforce-eager").enabled("--enforce-eager") is False
+    assert f.as_dict()["--port"] == "9000" and f != Flags.parse(f.argv())

@@ -16,14 +16,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from supervisor.shell import auth
 from supervisor import config
 from supervisor.shell import procs
-from supervisor.cli import build_parser
 from supervisor.core.flags import Flags
 
 yaml = pytest.importorskip("yaml")
@@ -132,16 +131,15 @@ def container_port(c: dict[str, Any], port: int | str) -> int:
 # -- what the container runs ------------------------------------------------------------------------
 
 def image_facts() -> tuple[list[str], dict[str, str]]:
-    """The image's ENTRYPOINT after `vllm-guard start`, and its ENV."""
+    """The image's ENTRYPOINT after `vllm-guard serve`, and its ENV."""
     parser = dockerfile_parse.DockerfileParser(path=str(ROOT / "Dockerfile"))
     entry = json.loads(next(s["value"] for s in parser.structure if s["instruction"] == "ENTRYPOINT"))
-    return entry[entry.index("start") + 1:], dict(parser.envs)
+    return entry[entry.index("serve") + 1:], dict(parser.envs)
 
 
-def start_parser() -> Callable[[list[str]], argparse.Namespace]:
-    """The real `vllm-guard start` parser."""
-    parser = build_parser()
-    return lambda argv: parser.parse_args(["start", *argv])
+def serve_args(argv: list[str]) -> argparse.Namespace:
+    """What `vllm-guard serve ARGV` resolves its config from: every argument is vLLM's."""
+    return argparse.Namespace(vllm_args=list(argv))
 
 
 SECRET_STANDIN = "value-from-the-secret"
@@ -157,12 +155,12 @@ def container_environ(c: dict[str, Any], home: Path) -> dict[str, str]:
 
 
 def guard_config(c: dict[str, Any], home: Path, extra_env: dict[str, str] | None = None) -> config.GuardConfig:
-    """What `vllm-guard start` resolves in this container: ENTRYPOINT + command/args, ENV + env."""
+    """What `vllm-guard serve` resolves in this container: ENTRYPOINT + command/args, ENV + env."""
     prefix, _env = image_facts()
-    if "command" in c:  # a command replaces the ENTRYPOINT; it must still run `vllm-guard start`
-        assert "start" in c["command"], c["command"]
-        prefix = c["command"][c["command"].index("start") + 1:]
-    args = start_parser()(prefix + list(c.get("args", [])))
+    if "command" in c:  # a command replaces the ENTRYPOINT; it must still run `vllm-guard serve`
+        assert "serve" in c["command"], c["command"]
+        prefix = c["command"][c["command"].index("serve") + 1:]
+    args = serve_args(prefix + list(c.get("args", [])))
     return config.resolve(args, {**container_environ(c, home), **(extra_env or {})})
 
 

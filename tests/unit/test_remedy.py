@@ -153,6 +153,22 @@ ROWS = [
         knows={"tried": ("kv_cache_fp8",), "previous": (D(KV, "ValueError: To serve at least one request ...",
                                                            max_model_len=32768, fit_max_model_len=1500),)},
         gives_up=EX_TEMPFAIL, says="To serve at least one request"),
+    # -- config errors: vLLM's own line, and what a person can do about it (lines as vLLM prints them)
+    Row("a gated model: HF_TOKEN",
+        D(CONFIG, "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-abc)"),
+        gives_up=EX_CONFIG, says="HF_TOKEN"),
+    Row("a model that does not exist: check its name",
+        D(CONFIG, "OSError: org/missing-model is not a local folder and is not a valid model identifier listed "
+                  "on 'https://huggingface.co/models'"), gives_up=EX_CONFIG, says="check the model name"),
+    Row("the cause is vLLM's own line",
+        D(CONFIG, "ValueError: World size (2) is larger than the number of available GPUs (1) in this node."),
+        gives_up=EX_CONFIG, says="World size (2) is larger than the number of available GPUs (1)"),
+    Row("more GPUs than present: what to change",
+        D(CONFIG, "ValueError: World size (2) is larger than the number of available GPUs (1) in this node."),
+        gives_up=EX_CONFIG, says="--tensor-parallel-size"),
+    Row("an unknown flag: vLLM's help of the installed version",
+        D(CONFIG, "api_server.py: error: unrecognized arguments: --max-modle-len 4096"),
+        gives_up=EX_CONFIG, says="vllm serve --help"),
 ]
 
 

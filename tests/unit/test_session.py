@@ -10,7 +10,7 @@ every edge of the lifecycle table must be taken by some scenario.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import TRANSITIONS, State
 from supervisor.core.session import (DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Launch, Learned, Outcome,
                                      Session)
-from supervisor.errors import EX_CONFIG, EX_TEMPFAIL
 from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -123,7 +122,7 @@ SCENARIOS = [
              steps=("launch after 2.0 s", "launch after 4.0 s", "give up 78: vLLM refused")),
     Scenario("a configuration vLLM refuses: exit 78 at once",
              outcomes=(fail(Kind.CONFIG_ERROR, "vllm: error: unrecognized arguments: --foo"),),
-             steps=("give up 78: vLLM refused the configuration",)),
+             steps=("give up 78: vLLM refused its configuration",)),
     Scenario("OOM while serving: the last good flags with half the sequences, after backoff",
              config("--max-num-seqs 64"), outcomes=(died(Kind.OOM_RUNTIME, 60.0),),
              steps=("launch --max-num-seqs 32 after 2.0 s",), healthy_after=1),
@@ -306,3 +305,18 @@ def test_the_busy_gpu_the_plan_saw_is_updated_between_launches() -> None:
     s.first_launch()
     s.gpu_observed(10.0)
     assert s._context().gpu_free_gib == 10.0
+
+
+@pytest.mark.parametrize("version,kept", [
+    ("0.13.0", 41584),      # the KV cache's tokens are all usable: the next start keeps them all
+    ("0.32.0", 41568),      # from 0.29 vLLM holds one block back (its null block): not a token more
+])
+def test_a_healed_length_below_what_vllm_measured_is_raised_for_the_next_start(version: str, kept: int) -> None:
+    s = Session(config(), Facts(vllm_version=version), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=40000))
+    s.launching()
+    h = s.healthy({"kv_cache_tokens": 41584, "block_size": 16}, 30.0)
+    assert h.learn is not None and Flags.parse(" ".join(h.learn)).get("--max-model-len") == str(kept)
+    assert s.current.get("--max-model-len") == "40000"          # this launch keeps what it serves

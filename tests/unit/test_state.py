@@ -324,3 +324,44 @@ def test_the_turn_times_out_as_tempfail_releases_early_and_ends_at_once_on_stop(
     asyncio.run(stop_while_waiting())
     asyncio.run(ours_then_released_early())
     assert waits == ["next guard went ahead"]        # the first turn was free: no wait was announced
+
+
+def test_a_symlink_planted_at_a_gpu_lock_is_never_followed(tmp_path, gpu_key):
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    planted = state.gpu_lock_dir() / state._lock_name(gpu_key)
+    planted.symlink_to(victim)
+    try:
+        with state.gpu_turn(gpu_key, timeout=1):
+            pass                                  # the turn is taken on a private lock instead
+        assert victim.read_text() == "root's file\n"
+    finally:
+        planted.unlink()
+
+
+def test_a_shared_lock_dir_that_is_not_sticky_or_not_trusted_is_not_used(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)                            # world-writable, not sticky: anyone may swap files
+    assert not state._shared_dir_ok(loose)
+    loose.chmod(0o1777)
+    assert state._shared_dir_ok(loose)
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\xff\xfe not utf-8", b"[1, 2, 3]", b'{"k": 5}'])
+def test_corrupt_learned_flags_are_set_aside_and_the_store_works_again(tmp_path, content):
+    (tmp_path / "learned.json").write_bytes(content)
+    warnings: list[str] = []
+    store = LearnedStore(str(tmp_path), warn=warnings.append)
+    assert store.get("k") is None
+    store.put("k", ["--max-model-len", "8192", "--api-key", "sk-secret-value"], {})
+    entry = store.get("k")
+    assert entry is not None and entry["argv"] == ["--max-model-len", "8192", "--api-key", "***"]
+    assert "sk-secret-value" not in (tmp_path / "learned.json").read_text()
+
+
+def test_a_directory_where_a_state_file_should_be_is_set_aside(tmp_path):
+    (tmp_path / "learned.json").mkdir()
+    warnings: list[str] = []
+    assert LearnedStore(str(tmp_path), warn=warnings.append).get("k") is None
+    assert warnings and list(tmp_path.glob("learned.json.corrupt-*"))

@@ -94,3 +94,15 @@ def test_units_parse_as_ini():
         parser = configparser.ConfigParser(strict=False, interpolation=None)
         parser.read_string(unit.read_text())
         assert {"Unit", "Service", "Install"} <= set(parser.sections())
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=["service", "template"])
+def test_every_cache_vllm_writes_is_writable_under_dynamic_user(unit):
+    s = settings(unit)
+    assert s["Service.DynamicUser"] == ["yes"] and s["Service.ProtectHome"] == ["yes"]
+    env = dict(e.split("=", 1) for e in s["Service.Environment"])
+    writable = ["/var/cache/" + d for d in s["Service.CacheDirectory"]] + \
+               ["/var/lib/" + d for d in s["Service.StateDirectory"]]
+    for name in ("HOME", "XDG_CACHE_HOME", "HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR",
+                 "TORCHINDUCTOR_CACHE_DIR"):
+        assert any(env[name].startswith(w) for w in writable), f"{name}={env[name]} is not writable there"

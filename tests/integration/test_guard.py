@@ -184,7 +184,7 @@ def test_max_len_above_derived_uses_derived(run):
 
 def test_no_kv_memory_ladder_reaches_health(run):
     # No NVML here, so no free memory known to raise the share into: the ladder frees memory instead.
-    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 20.25, "derived_max_model_len": 8192}},
+    g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 20.75, "derived_max_model_len": 8192}},
             guard_args=["--no-plan"])
     s = g.wait_healthy(timeout=90)
     kinds = [l["kind"] for l in s["launches"] if l.get("kind")]

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, RUNTIME_MARKERS, _CAPTURE, _CUDA, _FATAL,
+from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, _CAPTURE, _CUDA, _FATAL,
                                       _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS, _MILESTONE_PREFIXES,
                                       _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS, _WARN_RULES,
                                       _WEAK_FRAMES, _info_numbers)
@@ -100,7 +100,9 @@ class Classifier:
         self._frame_phase: str | None = None   # the phase the current traceback's frames place it in
         self._frame_strong = False   # ... set by a frame of that phase itself, not a weak (serving/sampler) one
         self._recent_first = False   # faulthandler's dump: the innermost frame comes first
+        self._other_thread = False   # ... of a thread other than the one that crashed
         self._after_fatal = False    # the frames just after a "Fatal Python error" belong to it
+        self._request = False        # the current traceback is the API server handling one request
         self._runtime = False        # a serving-time wrapper was seen: the engine was running when it died
         self._env_read: str | None = None     # the variable the current traceback's source line reads
         self._raise_open = False     # a `raise X(` source line whose message continues on the next line
@@ -289,11 +291,12 @@ class Classifier:
             return
         elif stripped.startswith("Traceback (most recent call last)"):
             self._frame_phase, self._frame_strong, self._env_read = None, False, None
-            self._recent_first = self._after_fatal = self._raise_open = False
+            self._recent_first = self._after_fatal = self._raise_open = self._request = self._other_thread = False
             self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
             return
         elif stripped.endswith("(most recent call first):"):   # faulthandler's dump of a dying interpreter
             self._frame_phase, self._frame_strong, self._recent_first = None, False, True
+            self._other_thread = stripped.startswith("Thread ")   # not the one that crashed ("Current thread")
             self._from_vllm = True
             return
         if self._open_traceback and not text.startswith(" ") and level == _RAW:
@@ -337,16 +340,25 @@ class Classifier:
         if where is None and "torch/cuda/graphs" in m.group(1):   # only real capture enters torch.cuda.graph
             where = "cudagraph"
         if where is None:
+            if name in REQUEST_FRAMES:
+                self._request = True
             return
         weak = name in _WEAK_FRAMES
+        if self._other_thread:
+            return
         if self._recent_first:           # innermost first: the first known frame is the deepest
             if self._frame_phase is None or (not self._frame_strong and not weak):
                 self._frame_phase, self._frame_strong = where, not weak
         elif not weak or self._frame_phase is None:
             self._frame_phase, self._frame_strong = where, not weak
-        if self._after_fatal and where == "cudagraph" and self._best is not None and self._best[1] is Kind.UNKNOWN_FAILURE:
-            best = self._best            # the interpreter died inside CUDA-graph capture
-            self._best = (best[0], Kind.OOM_CUDAGRAPH, best[2], best[3], "cudagraph", "frames", False)
+        best = self._best
+        if self._after_fatal and best is not None and best[1] is Kind.UNKNOWN_FAILURE and not self._serving:
+            if where == "cudagraph":     # the interpreter died inside CUDA-graph capture
+                self._best = (best[0], Kind.OOM_CUDAGRAPH, best[2], best[3], "cudagraph", "frames", False)
+                self._after_fatal = False
+            elif not weak:               # faulthandler's innermost frame of a known phase
+                self._best = (*best[:4], where, "frames", False)
+                self._after_fatal = False
 
     def _raise_line(self, stripped: str, level: int, rank: int | None) -> None:
         """A ``raise`` source line: the failure it raises, should the exception line itself be missing."""
@@ -462,7 +474,7 @@ class Classifier:
         self._offer(prio, kind, text, numbers, phase, placed)
 
     def _unrecognised(self, text: str, level: int, rank: int | None) -> None:
-        if text.startswith(COLLATERAL_ERRORS) or any(e in text for e in REQUEST_ERRORS):
+        if text.startswith(COLLATERAL_ERRORS) or self._request or any(e in text for e in REQUEST_ERRORS):
             return   # the echo of a peer that died, or one request's error: never a root cause
         if self._in_capture() and not self._serving and not self._terminated:
             numbers = {"rank": rank} if rank is not None else {}
@@ -664,6 +676,22 @@ def _public(numbers: dict[str, Any]) -> dict[str, Any]:
     return numbers
 
 
+def _gpus_detail(n: dict[str, Any]) -> str:
+    """More GPUs asked for than there are: how many were asked for and found."""
+    if "required_placement_groups" in n:
+        return (f"Ray could create only {n.get('created_placement_groups', '?')} of the "
+                f"{n['required_placement_groups']} placement groups vLLM needs (one per data-parallel rank): "
+                "add GPUs to the Ray cluster or lower --data-parallel-size.")
+    asked = n["required_gpus"]
+    k = n.get("available_gpus")
+    found = f"only {k} {'is' if k == 1 else 'are'} available" if k is not None else "fewer are available"
+    s = f"vLLM needs {asked} GPUs (tensor x pipeline parallel size) and {found}"
+    if "grace_s" in n:
+        s += (f"; vLLM waits (up to 30 minutes) for Ray to provide them, and after {n['grace_s']} s the guard "
+              "stops waiting, since Ray may still be joining nodes but no relaunch adds GPUs")
+    return s + ": lower --tensor-parallel-size / --pipeline-parallel-size, or add GPUs or nodes."
+
+
 def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
     """One readable sentence about the verdict."""
     if kind is Kind.KV_CACHE_INSUFFICIENT:
@@ -690,14 +718,20 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
         return "GPU memory held by other processes left less free than vLLM was asked to use."
     if kind in _OOM_KINDS:
         where = {Kind.OOM_WEIGHTS: "while loading the weights", Kind.OOM_PROFILE: "during the memory profile run",
-                 Kind.OOM_CUDAGRAPH: "during CUDA graph capture or warm-up",
+                 Kind.OOM_CUDAGRAPH: "while capturing CUDA graphs",
                  Kind.OOM_RUNTIME: "while serving requests"}[kind]
+        if kind is Kind.OOM_PROFILE and phase == "warmup":
+            where = "warming up (kernels, compiled sizes, the sampler) after the KV cache took its share"
+        elif kind is Kind.OOM_PROFILE and phase == "kv_cache":
+            where = "allocating the KV cache"
         tried = f" (tried to allocate {n['tried_to_allocate_mib']} MiB)" if "tried_to_allocate_mib" in n else ""
         return f"The GPU ran out of memory {where}{tried}."
     if kind is Kind.MAX_LEN_EXCEEDS_MODEL:
         return (f"max_model_len {n.get('max_model_len', '?')} is above the model's own limit of "
                 f"{n.get('derived_max_model_len', '?')}.")
     if kind is Kind.CONFIG_ERROR:
+        if "required_gpus" in n or "required_placement_groups" in n:
+            return _gpus_detail(n)
         if n.get("env_var"):
             return (f"vLLM could not read the environment variable {n['env_var']}: set it to a valid value "
                     "or unset it; changing flags will not help.")

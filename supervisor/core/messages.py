@@ -259,7 +259,16 @@ def _placement_numbers(text: str) -> dict[str, Any]:
 
 #: Errors vLLM reports for one request while it serves (HTTP 400/500): never a start-up failure.
 REQUEST_ERRORS = ("maximum context length is", "Please reduce the length of the messages",
-                  "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"")
+                  "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"",
+                  "is longer than the maximum model length of", "VLLMValidationError")
+#: Frames of the API server handling one request: an exception no rule names in such a traceback is
+#: that request's error (answered 4xx/5xx), not the engine's.
+REQUEST_FRAMES = frozenset({
+    "create_chat_completion", "create_completion", "create_embedding", "create_pooling", "create_score",
+    "create_responses", "create_transcription", "create_translation", "create_classify", "create_rerank",
+    "chat_completion_stream_generator", "chat_completion_full_generator", "completion_stream_generator",
+    "completion_full_generator", "_preprocess_chat", "_preprocess_completion", "_validate_input",
+    "_tokenize_prompt_input_async", "_normalize_prompt_text_to_input", "render_chat_request"})
 
 #: Exceptions a process raises because its peer died (a closed pipe or socket, a cancelled task):
 #: the echo of a failure, never its cause.

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, _CAPTURE, _CUDA, _FATAL,
+from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, STOP_PREFIXES, _CAPTURE, _CUDA, _FATAL,
                                       _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS, _MILESTONE_PREFIXES,
                                       _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS, _WARN_RULES,
                                       _WEAK_FRAMES, _info_numbers)
@@ -96,7 +96,8 @@ class Classifier:
         # vLLM only warned about and may recover from (a placement group Ray has not provided yet)
         self._best: tuple[int, Kind, str, dict[str, Any], str, str, bool] | None = None
         self._announced = False
-        self._terminated = False
+        self._terminated = False     # a KeyboardInterrupt: our own SIGTERM during start-up
+        self._stopping = False       # the API server said it got a stop signal: what follows is its echo
         self._frame_phase: str | None = None   # the phase the current traceback's frames place it in
         self._frame_strong = False   # ... set by a frame of that phase itself, not a weak (serving/sampler) one
         self._recent_first = False   # faulthandler's dump: the innermost frame comes first
@@ -160,9 +161,9 @@ class Classifier:
                     numbers["required_gpus"] = tp * (numbers.get("config_pipeline_parallel_size") or 1)
             return Diagnosis(kind, _trim(evidence), _public(numbers), phase, _detail(kind, numbers, phase))
         numbers = _public(dict(self._numbers))
-        if self._terminated:
+        if self._terminated or self._stopping:
             return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
-                             "vLLM was stopped by a signal (our own SIGTERM); nothing failed.")
+                             "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); nothing failed.")
         unknown = self._last_exc or self._exc_after_wrapper
         if self._open_traceback and not unknown:
             unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"
@@ -337,8 +338,8 @@ class Classifier:
         self._from_vllm = True
         name = m.group(2).rsplit(".", 1)[-1]
         where = _FRAME_PHASE.get(name)
-        if where is None and "torch/cuda/graphs" in m.group(1):   # only real capture enters torch.cuda.graph
-            where = "cudagraph"
+        if where is None and ("torch/cuda/graphs" in m.group(1) or "CUDAGraph::capture" in stripped):
+            where = "cudagraph"      # only real capture enters torch.cuda.graph (Python or C++)
         if where is None:
             if name in REQUEST_FRAMES:
                 self._request = True
@@ -388,6 +389,8 @@ class Classifier:
         else:
             if text.startswith(_INFO_PREFIXES):
                 self._check_info(text, rank)
+            elif text.startswith(STOP_PREFIXES):
+                self._stopping = True    # stopped by a signal: the wrappers that follow are its echo
         found = _info_numbers(text)
         if "vllm_version" not in found and self._phase <= 1 and any(c in text for c in "█▄▀"):
             m = _RX_LOGO.search(text)
@@ -401,12 +404,15 @@ class Classifier:
     def _new_launch(self) -> None:
         """A second launch's banner in the same log: its start-up starts over."""
         self._phase, self._serving, self._capture_done, self._runtime = 0, False, False, False
+        self._stopping = False
 
     def _check_warning(self, text: str, rank: int | None) -> None:
         """The few WARNING records that are fatal (everything else vLLM warns about is not)."""
         for key, index in _WARN_KEYS:
             if key in text:
                 keys, kind, prio, extract, provisional = _WARN_RULES[index]
+                if (self._terminated or self._stopping) and prio < 30:
+                    return
                 if kind is Kind.ENGINE_DEAD:
                     self._runtime = self._runtime or self._serving
                 self._offer(prio, kind, text, extract(text) if extract else {}, self._place(), "", provisional)
@@ -450,7 +456,7 @@ class Classifier:
             return
         keys, kind, prio, extract = _RULES[hit]
         prio = min(prio, cap)
-        if self._terminated and prio < 30:
+        if (self._terminated or self._stopping) and prio < 30:
             return   # the wrappers our own SIGTERM provokes are not failures
         numbers = extract(text) if extract else {}
         if kind is Kind.CONFIG_ERROR and self._env_read and ("invalid literal" in text or "could not convert" in text):
@@ -468,13 +474,17 @@ class Classifier:
             else:
                 kind = Kind.ENGINE_DEAD if kind == _CUDA else Kind.UNKNOWN_FAILURE
                 self._after_fatal = kind is Kind.UNKNOWN_FAILURE
+                if self._after_fatal:        # a crash dump follows, innermost frame first
+                    self._frame_phase, self._frame_strong, self._recent_first = None, False, True
+                    self._other_thread = False
         if rank is not None:
             numbers["rank"] = rank
         self._pydantic = "validation error for" in text
         self._offer(prio, kind, text, numbers, phase, placed)
 
     def _unrecognised(self, text: str, level: int, rank: int | None) -> None:
-        if text.startswith(COLLATERAL_ERRORS) or self._request or any(e in text for e in REQUEST_ERRORS):
+        if (text.startswith(COLLATERAL_ERRORS) or self._request or self._stopping
+                or any(e in text for e in REQUEST_ERRORS)):
             return   # the echo of a peer that died, or one request's error: never a root cause
         if self._in_capture() and not self._serving and not self._terminated:
             numbers = {"rank": rank} if rank is not None else {}

@@ -353,8 +353,9 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("illegal memory access", "CUDA error:", "device-side assert", "CUBLAS_STATUS_",
       "CUDA kernel errors might be asynchronously reported"),
      _CUDA, 30, None),
-    # the interpreter died on a signal (faulthandler's report, the shell's): the capture when its frames say so
-    (("Fatal Python error", "Segmentation fault", "core dumped"), _FATAL, 30, None),
+    # the interpreter died on a signal (faulthandler's report, PyTorch's "!!!!!!! Segfault encountered
+    # !!!!!!!" and C++ stack, the shell's): the capture when the crashing thread's frames say so
+    (("Fatal Python error", "Segmentation fault", "core dumped", "Segfault encountered"), _FATAL, 30, None),
     (("NCCL error", "DistBackendError", "ncclUnhandledCudaError", "ncclInternalError", "ncclSystemError",
       "RayActorError", "ActorDiedError", "The actor died unexpectedly", "A worker died or was killed",
       "RaySystemError", "RayTaskError", "collective operation timeout", "DistStoreError",
@@ -441,8 +442,10 @@ _MILESTONES: tuple[tuple[str, str], ...] = (
     ("Starting vLLM API server", "serving"), ("Starting vLLM server on", "serving"),
     ("Application startup complete", "serving"), ("Uvicorn running on", "serving"),
 )
+#: The API server saying it got SIGTERM/SIGINT (0.23+): what its engine prints while stopping is no failure.
+STOP_PREFIXES = ("[shutdown] API server: shutdown triggered",)
 _MILESTONE_PREFIXES = (tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
-                       + _INFO_PREFIXES)
+                       + _INFO_PREFIXES + STOP_PREFIXES)
 #: Lines only a serving vLLM prints (its stats, a request's record): serving, even when the log's
 #: "Application startup complete." was not kept.
 _SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request", "Added request", "Finished request")

@@ -550,10 +550,12 @@ class Classifier:
                 self._best = (prio, kind, best[2], merged, phase, placed, False)
             else:
                 self._best = (prio, best[1], best[2], merged, best[4], best[5], False)
+        elif kind is best[1] and prio == best[0] and best[6] and not provisional:
+            # vLLM gave up waiting (a placement group it could not get): its own error says it best
+            merged = {k: v for k, v in {**best[3], **numbers}.items() if k != "grace_s"}
+            self._best = (prio, kind, text, merged, phase, placed, False)
         elif kind is best[1] and prio == best[0] and len(numbers) > len(best[3]):
             self._best = (prio, kind, best[2], {**numbers, **best[3]}, best[4], best[5], best[6] and provisional)
-        elif kind is best[1] and prio == best[0] and best[6] and not provisional:
-            self._best = (*best[:6], False)     # vLLM gave up waiting for it: no longer provisional
 
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})

@@ -334,7 +334,7 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "exceeds assigned_physical_gpu_ids count",
       "Unable to load Ray", "exceeds the total number of available", "Cannot provide a placement group",
       "placement groups, only created", "is not included in a placement group",
-      "Placement group bundle cannot have more than 1",
+      "Placement group bundle cannot have more than 1", "vLLM engine cannot start without",
       "must be divisible by tensor parallel size", "Bfloat16 is only supported on GPUs",
       "V0 attention backends have been removed", "Too large swap space", "GPU memory utilization must be",
       "is smaller than max_model_len", "No CUDA GPUs are available", "Found no NVIDIA driver",

@@ -60,6 +60,10 @@ class Scenario:
         self.replay = d.get("replay")
         self.heal_when = d.get("heal_when")
         self.replay_exit = int(d.get("replay_exit", 1))
+        # a vLLM that waits after the replayed lines (for a Ray placement group, say), then prints
+        # replay_tail (what it says when it gives up) before exiting with replay_exit
+        self.replay_wait = float(d.get("replay_wait", 0))
+        self.replay_tail = d.get("replay_tail")
         self.engine_death_after = d.get("engine_death_after")
         self.death_count = d.get("death_count")
         self.death_reason = d.get("death_reason", "error")   # error | oom | kill
@@ -1661,6 +1665,9 @@ def main(argv: list[str]) -> int:
             fh.write(json.dumps({"argv": argv, "pid": os.getpid()}) + "\n")
     if sc.replay and not healed(sc.heal_when, launch, sc.version):
         replay(sc.replay, sc.speed)
+        time.sleep(sc.replay_wait)
+        if sc.replay_tail:
+            replay(sc.replay_tail, sc.speed)
         return sc.replay_exit
     api = Api(launch, sc)
 

@@ -60,7 +60,7 @@ _LEAD = re.compile(
     r"|\[rank(?P<rank>\d+)\]:"
     r"|\[(?P<glog>[IWEF])(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]"
     r"|[A-Za-z0-9][\w.-]*\s+\|(?=\s|$)"
-    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: std(?:out|err) [FP](?= ))?"
     r")\s?"
 )
 _HEADER = re.compile(
@@ -364,6 +364,8 @@ class Classifier:
     def _raise_line(self, stripped: str, level: int, rank: int | None) -> None:
         """A ``raise`` source line: the failure it raises, should the exception line itself be missing."""
         self._raise_open = stripped.startswith("raise ") and not stripped.endswith(")")
+        if self._request:
+            return                       # a request handler raising: that request's error
         for key, index in _KEYS:
             if key in stripped:
                 self._check(stripped, level, rank, cap=_SOURCE)

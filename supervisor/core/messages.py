@@ -298,7 +298,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
       "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
       "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
-      "DefaultCPUAllocator: can't allocate memory", "Tried to allocate"),
+      "DefaultCPUAllocator: can't allocate memory", "Tried to allocate", "hipErrorOutOfMemory",
+      "PT_DEVMEM Allocation failed", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"),
      _OOM, 30, _oom_numbers),
     (("is greater than the derived max_model_len",), Kind.MAX_LEN_EXCEEDS_MODEL, 30, _len_numbers),
     (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
@@ -320,6 +321,7 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Address already in use", "address already in use",
       # a broken installation: no relaunch can fix it
       "ModuleNotFoundError: No module named", "cannot open shared object file", "undefined symbol:",
+      "DLL load failed",
       "is not loaded in the current process", "Failed to load NCCL library", "DeepGEMM backend is",
       "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
       "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
@@ -471,6 +473,7 @@ _FRAME_PHASE = {
                      "pt_weights_iterator", "safetensors_weights_iterator", "weight_loader", "weight_loader_v2"),
                     "loading"),
     **dict.fromkeys(("profile_run", "determine_available_memory", "determine_num_available_blocks",
+                     "profile_num_available_blocks",          # vLLM <= 0.3
                      "determine_available_kv_cache_memory", "profile", "memory_profiling",
                      # multimodal dummy data for the profile run
                      "_dummy_mm_kwargs", "_get_mm_dummy_batch", "_get_dummy_mm_inputs", "dummy_data_for_profiling",
@@ -483,7 +486,7 @@ _FRAME_PHASE = {
                      "get_kv_cache_config_from_groups", "_get_kv_cache_config_uniform_type",
                      "_get_kv_cache_config_uniform_page_size", "check_enough_kv_cache_memory",
                      "_check_enough_kv_cache_memory", "estimate_max_model_len", "_auto_fit_max_model_len",
-                     "update_kv_cache_capacity"), "kv_cache"),
+                     "update_kv_cache_capacity", "init_cache_engine"), "kv_cache"),
     # capture; profile_cudagraph_memory (0.18+) captures graphs to measure them while profiling
     **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "capture_graph", "_capture_graph",
                      "capture_begin", "capture_end", "profile_cudagraph_memory"), "cudagraph"),

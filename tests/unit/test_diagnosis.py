@@ -275,6 +275,8 @@ def test_rank_comes_from_the_worker_that_failed() -> None:
         ("07-23 10:00:01 [core.py:718] half a header", "half a header"),
         (b"ERROR 07-23 10:00:01 [core.py:718] bad \xff\xfe bytes\x00", "bad \ufffd\ufffd bytes"),
         ("Traceback (most recent call last):", "Traceback (most recent call last):"),
+        # Kubernetes' container log format (CRI): timestamp, stream, partial/full flag
+        ("2024-06-01T12:00:00.123456789Z stderr F (EngineCore_DP0 pid=1) ERROR 06-01 12:00:00 [core.py:1] x", "x"),
     ],
 )
 def test_normalize(raw: str | bytes, text: str) -> None:
@@ -694,3 +696,25 @@ def test_a_requests_error_while_serving_stays_non_fatal() -> None:
     # any exception inside a request handler's traceback is that request's
     other = lines[:3] + ["TypeError: 'NoneType' object is not subscriptable"]
     assert not classify(other).names_a_failure
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB", Kind.OOM_WEIGHTS),           # ROCm
+    ("RuntimeError: hipErrorOutOfMemory", Kind.OOM_WEIGHTS),
+    ("RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB",
+     Kind.OOM_WEIGHTS),                                                                           # Gaudi
+    ("RuntimeError: UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", Kind.OOM_WEIGHTS),                      # XPU
+    ("ImportError: DLL load failed while importing _C: The specified module could not be found.", Kind.CONFIG_ERROR),
+])
+def test_other_accelerators_and_platforms(line: str, kind: Kind) -> None:
+    assert classify([line], 1).kind is kind
+
+
+def test_vllm_0_3_profiling_frames_place_an_oom() -> None:
+    lines = ["INFO 01-02 10:00:00 llm_engine.py:70] Initializing an LLM engine with config: model='m', tensor_parallel_size=1",
+             *_tb("_init_cache", path=f"{_S}/engine/llm_engine.py"), _frame("_run_workers", f"{_S}/engine/llm_engine.py"),
+             _frame("profile_num_available_blocks", f"{_S}/worker/worker.py"), _frame("execute_model", f"{_S}/worker/model_runner.py"),
+             "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0; 15.78 GiB total capacity; "
+             "14.50 GiB already allocated; 3.06 MiB free; 14.60 GiB reserved in total by PyTorch)"]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_PROFILE, "profiling")

@@ -176,7 +176,7 @@ class Classifier:
         if unknown and (exited or not self._serving):
             how = f"{exits.describe(exit_code)} after" if exited else "The start-up ended with"
             return Diagnosis(Kind.UNKNOWN_FAILURE, _trim(unknown), numbers, phase,
-                             f"{how} a failure no rule of this tool names; the evidence is its last line.")
+                             f"{how} a failure no rule of this tool names; the evidence is its root cause's exception line.")
         if exited:
             return Diagnosis(Kind.UNKNOWN_FAILURE, exits.describe(exit_code), numbers, self.phase,
                              f"{exits.describe(exit_code)} and printed no failure this tool recognises.")

@@ -345,7 +345,7 @@ def final_lines(r: dict, v: str) -> list[str]:
     return example.split("\n")
 
 
-def envelope_raise(r: dict, v: str, chain: str, proc: str, final: list[str] | None = None,
+def envelope_raise(r: dict | None, v: str, chain: str, proc: str, final: list[str] | None = None,
                    site: tuple[str, str] | None = None) -> tuple[list[str], int]:
     """A raise at version ``v`` in ``chain``, wrapped the way that version's processes do."""
     final = final if final is not None else final_lines(r, v)
@@ -501,10 +501,6 @@ def _numbers(r: dict) -> dict:
             except ValueError:
                 out[key.strip()] = {"true": True, "false": False}.get(value, value)
     return out
-
-
-def _evidence_of(r: dict) -> str:
-    return r["match"]
 
 
 def cases(r: dict) -> list[Case]:

@@ -60,8 +60,11 @@ class Diagnosis:
     ``numbers`` holds what the log states, under the interface names: ``max_model_len``,
     ``fit_max_model_len``, ``derived_max_model_len``, ``free_gib``, ``total_gib``,
     ``requested_utilization``, ``kv_needed_gib``, ``kv_available_gib``,
-    ``tried_to_allocate_mib``, ``vllm_version``, and helpers such as ``num_dummy_requests``,
-    ``auto_fit_max_model_len``, ``block_size``, ``rank``.
+    ``tried_to_allocate_mib``, ``vllm_version``, ``required_gpus`` / ``available_gpus`` (more GPUs asked
+    for than found), ``grace_s`` (a failure vLLM only warned about and waits on, such as a Ray placement
+    group: how long to give it before acting), and helpers such as ``num_dummy_requests``,
+    ``auto_fit_max_model_len``, ``block_size``, ``rank``. What each kind means and what vLLM prints
+    for it: ``docs/failure-catalogue.md``.
     """
 
     kind: Kind

@@ -1,8 +1,10 @@
 """The texts vLLM prints, as data: the failure rules, the start-up milestones, the traceback frames
-that place an OOM, and the extractors that read numbers out of a message.
+that place a failure, and the extractors that read numbers out of a message.
 
 Pure, and separate from the classifier's mechanics (:mod:`supervisor.core.classifier`) so the table of
-what vLLM says (research ``vllm-failures.md``, 0.2 to 0.33) reads on its own.
+what vLLM says reads on its own. Where each text comes from in vLLM's source, and for which versions,
+is in ``docs/failure-catalogue.md``; ``tests/fixtures/catalogue/`` holds the table every rule here is
+tested against (every failure message of vLLM 0.5 to 0.33, recognised and placed).
 """
 
 from __future__ import annotations
@@ -48,12 +50,27 @@ _UNIT = r" ?(GiB|MiB|KiB|bytes|B|GB|MB)"
 _RX_TRIED = re.compile(r"Tried to allocate " + _F + _UNIT)
 _RX_TOTAL_NEW = re.compile(r"total capac(?:i)?ty of " + _F + _UNIT + " of which " + _F + _UNIT + " is free")
 _RX_TOTAL_OLD = re.compile(r"; " + _F + _UNIT + r" total capacity;[^;]*; " + _F + _UNIT + " free")
-_RX_DUMMY = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy requests")
+_RX_DUMMY = re.compile(r"warming up (?:sampler|pooler)(?: \([^)]*\))? with (\d+) dummy requests")
 _RX_DERIVED = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived "
                          r"max_model_len \((?:(\w+)=)?" + _F + r"(?: or model_max_length=(\w+|[\d.]+))?")
 _RX_BATCHED = re.compile(r"max_num_batched_tokens \((\d+)\) is smaller than max_model_len \((\d+)\)")
 _RX_WORLD = re.compile(r"(?:World|Tensor parallel) size \((\d+)\) (?:is|cannot be) larger than the "
                        r"number of available GPUs \((\d+)\)")
+# GPUs asked for and found: the multiprocessing executor's and the worker's checks, Ray's placement group
+_RX_GPUS = (
+    re.compile(r"(?:Tensor parallel size|World size) \((\d+)\) exceeds available GPUs \((\d+)\)"),
+    re.compile(r"Required number of devices: (\d+)\. Total number of devices: (\d+)"),
+    re.compile(r"(?:tensor_parallel_size|world_size) \((\d+)\) (?:to |is )?less than (?:than )?max local gpu count \((\d+)\)"),
+    re.compile(r"local_world_size \((\d+)\) must be less than or equal to the number of visible devices \((\d+)\)"),
+    re.compile(r"local_world_size \((\d+)\) exceeds assigned_physical_gpu_ids count \(\[([\d, ]*)\]\)"),
+)
+_RX_PG_REQUIRING = re.compile(r"placement group requiring (\d+)(?:\.0)? [GHXT]PUs")
+_RX_PG_SPECS = re.compile(r"specs=\[([^\]]*)\]")
+_RX_PG_GROUPS = re.compile(r"Not enough resources to allocate (\d+) placement groups, only created (\d+)")
+#: Seconds to wait on a placement-group shortage vLLM only warns about: Ray may still be joining nodes.
+PLACEMENT_GROUP_GRACE_S = 60
+_RX_TP = re.compile(r"(?<![\w])['\"]?tensor_parallel_size['\"]?\s*[=:]\s*(\d+)")
+_RX_PP = re.compile(r"(?<![\w])['\"]?pipeline_parallel_size['\"]?\s*[=:]\s*(\d+)")
 
 _RX_VERSION = (
     re.compile(r"vLLM (?:API )?server version v?(\d+\.\d+[\w.+-]*)"),
@@ -95,6 +112,13 @@ def _info_numbers(text: str) -> dict[str, Any]:
         m = _RX_MAXSEQ.search(text)
         if m:
             out["config_max_seq_len"] = int(m.group(1))
+    if "parallel_size" in text:    # the engine's config line, args, non-default args, a pasted command
+        m = _RX_TP.search(text)
+        if m:
+            out["config_tensor_parallel_size"] = int(m.group(1))
+        m = _RX_PP.search(text)
+        if m:
+            out["config_pipeline_parallel_size"] = int(m.group(1))
     if text.startswith(("non-default args", "args: Namespace", "args:")):
         m = _RX_ARG_LEN.search(text)
         if m:
@@ -198,13 +222,53 @@ def _config_numbers(text: str) -> dict[str, Any]:
         return {"max_num_batched_tokens": int(m.group(1)), "max_model_len": int(m.group(2))}
     m = _RX_WORLD.search(text)
     if m:
-        return {"tensor_parallel_size": int(m.group(1)), "available_gpus": int(m.group(2))}
+        return {"tensor_parallel_size": int(m.group(1)), "available_gpus": int(m.group(2)),
+                "required_gpus": int(m.group(1))}
+    if "GPU" in text or "gpu" in text or "device" in text or "placement group" in text:
+        return _gpu_numbers(text)
     return {}
+
+
+def _gpu_numbers(text: str) -> dict[str, Any]:
+    """GPUs asked for and found (``required_gpus``, ``available_gpus``) where the message states them."""
+    for rx in _RX_GPUS:
+        m = rx.search(text)
+        if m:
+            found = m.group(2)
+            available = len([x for x in found.split(",") if x.strip()]) if "assigned_physical" in rx.pattern \
+                else int(found)
+            return {"required_gpus": int(m.group(1)), "available_gpus": available}
+    m = _RX_PG_REQUIRING.search(text)
+    if m:
+        return {"required_gpus": int(m.group(1))}
+    m = _RX_PG_SPECS.search(text)
+    if m:
+        count = len(re.findall(r"'[A-Z]PU': 1(?:\.0)?", m.group(1)))
+        if count:
+            return {"required_gpus": count}
+    m = _RX_PG_GROUPS.search(text)
+    if m:
+        return {"required_placement_groups": int(m.group(1)), "created_placement_groups": int(m.group(2))}
+    return {}
+
+
+def _placement_numbers(text: str) -> dict[str, Any]:
+    """A placement-group shortage vLLM only warns about (and then waits for, up to 30 minutes)."""
+    return {**_gpu_numbers(text), "grace_s": PLACEMENT_GROUP_GRACE_S}
 
 
 #: Errors vLLM reports for one request while it serves (HTTP 400/500): never a start-up failure.
 REQUEST_ERRORS = ("maximum context length is", "Please reduce the length of the messages",
-                  "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"")
+                  "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"",
+                  "is longer than the maximum model length of", "VLLMValidationError")
+#: Frames of the API server handling one request: an exception no rule names in such a traceback is
+#: that request's error (answered 4xx/5xx), not the engine's.
+REQUEST_FRAMES = frozenset({
+    "create_chat_completion", "create_completion", "create_embedding", "create_pooling", "create_score",
+    "create_responses", "create_transcription", "create_translation", "create_classify", "create_rerank",
+    "chat_completion_stream_generator", "chat_completion_full_generator", "completion_stream_generator",
+    "completion_full_generator", "_preprocess_chat", "_preprocess_completion", "_validate_input",
+    "_tokenize_prompt_input_async", "_normalize_prompt_text_to_input", "render_chat_request"})
 
 #: Exceptions a process raises because its peer died (a closed pipe or socket, a cancelled task):
 #: the echo of a failure, never its cause.
@@ -213,15 +277,18 @@ COLLATERAL_ERRORS = ("BrokenPipeError", "ConnectionResetError", "ConnectionRefus
 
 # --------------------------------------------------------------------------- rules
 # Priorities: a specific root cause (30) beats collateral failures such as NCCL or a dead Ray
-# actor (25), which beat the generic wrappers that only say "see above" (10).
-_OOM, _CAPTURE, _CUDA = "oom", "capture", "cuda"   # kinds resolved from where the failure happened
+# actor (25), which beat a traceback's `raise` source line whose exception line is cut off (20, the
+# same kind as the line would have been) and the config errors that only wrap another message (20),
+# which beat the generic wrappers that only say "see above" (10).
+_OOM, _CAPTURE, _CUDA, _FATAL = "oom", "capture", "cuda", "fatal"   # kinds resolved from where it happened
 _TERM = "term"
 
-# (substrings, kind, priority, number extractor, fatal even at WARNING level)
+# (substrings, kind, priority, number extractor)
 _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("stored in KV cache (", "KV cache is needed, which is larger than the available KV cache"),
      Kind.KV_CACHE_INSUFFICIENT, 30, _kv_numbers),
-    (("Cannot auto-fit max_model_len", "No available memory for the cache blocks"),
+    (("Cannot auto-fit max_model_len", "No available memory for the cache blocks",
+      "leaving none for the KV cache"),
      Kind.NO_KV_CACHE_MEMORY, 30, None),
     (("on startup is less than", "Externally held weights on device", "Error in memory profiling",
       "on kv cache allocation is less than requested memory"),
@@ -231,7 +298,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
       "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
       "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
-      "DefaultCPUAllocator: can't allocate memory", "Tried to allocate"),
+      "DefaultCPUAllocator: can't allocate memory", "Tried to allocate", "hipErrorOutOfMemory",
+      "PT_DEVMEM Allocation failed", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"),
      _OOM, 30, _oom_numbers),
     (("is greater than the derived max_model_len",), Kind.MAX_LEN_EXCEEDS_MODEL, 30, _len_numbers),
     (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
@@ -253,87 +321,187 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Address already in use", "address already in use",
       # a broken installation: no relaunch can fix it
       "ModuleNotFoundError: No module named", "cannot open shared object file", "undefined symbol:",
+      "DLL load failed",
+      "is not loaded in the current process", "Failed to load NCCL library", "DeepGEMM backend is",
       "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
       "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
-      "FP8 KV cache not yet supported", "not supported in this architecture", "is not valid for this configuration",
+      "FP8 KV cache not yet supported", "with FP8 KV cache not yet supported", "FP8 KV cache is not supported by",
+      "FP8 KV cache requires", "Triton reshape-and-cache cannot store",
+      "not supported in this architecture", "is not valid for this configuration",
       "is not supported for the current GPU", "Quantization scheme is not supported", "Unknown quantization method",
+      "Invalid quantization method", "Unknown dtype: ",
+      # more GPUs than there are: the executors' checks and Ray's placement groups
       "is larger than the number of available GPUs", "cannot be larger than the number of available GPUs",
-      "Unable to load Ray", "exceeds the total number of available GPUs", "Cannot provide a placement group",
+      "than max local gpu count", "must be less than or equal to the number of visible devices",
+      "exceeds assigned_physical_gpu_ids count",
+      "Unable to load Ray", "exceeds the total number of available", "Cannot provide a placement group",
+      "placement groups, only created", "is not included in a placement group",
+      "Placement group bundle cannot have more than 1", "vLLM engine cannot start without",
       "must be divisible by tensor parallel size", "Bfloat16 is only supported on GPUs",
       "V0 attention backends have been removed", "Too large swap space", "GPU memory utilization must be",
       "is smaller than max_model_len", "No CUDA GPUs are available", "Found no NVIDIA driver",
       "CUDA driver version is insufficient", "Failed to infer device type",
+      "No memory should be allocated for the cache blocks for an attention-free model",
+      "Failed to load the model config.", "Unknown vLLM environment variable detected",
       "requires you to execute the configuration file", "contains custom code which must be executed",
       "We couldn't connect to 'https://huggingface.co'", "Input should be less than or equal to",
       # a value vLLM parses at start-up (often one of its VLLM_* environment variables) is not a number
       "invalid literal for int() with base 10", "could not convert string to float"),
      Kind.CONFIG_ERROR, 30, _config_numbers),
     (("BackendCompilerFailed", "InductorError", "torch._dynamo.exc", "torch._inductor.exc",
-      "stream is capturing", "cudaErrorStreamCaptureUnsupported", "CUDA graph capture failed"),
+      "stream is capturing", "cudaErrorStreamCaptureUnsupported", "CUDA graph capture failed",
+      "CUDA graph capturing detected at an inappropriate time", "vLLM failed to compile the model"),
      _CAPTURE, 30, None),
-    (("illegal memory access", "CUDA error:", "device-side assert", "CUBLAS_STATUS_", "Segmentation fault",
-      "Fatal Python error", "core dumped", "CUDA kernel errors might be asynchronously reported"),
+    (("illegal memory access", "CUDA error:", "device-side assert", "CUBLAS_STATUS_",
+      "CUDA kernel errors might be asynchronously reported"),
      _CUDA, 30, None),
+    # the interpreter died on a signal (faulthandler's report, PyTorch's "!!!!!!! Segfault encountered
+    # !!!!!!!" and C++ stack, the shell's): the capture when the crashing thread's frames say so
+    (("Fatal Python error", "Segmentation fault", "core dumped", "Segfault encountered"), _FATAL, 30, None),
     (("NCCL error", "DistBackendError", "ncclUnhandledCudaError", "ncclInternalError", "ncclSystemError",
       "RayActorError", "ActorDiedError", "The actor died unexpectedly", "A worker died or was killed",
       "RaySystemError", "RayTaskError", "collective operation timeout", "DistStoreError",
       "terminate called after throwing",
-      "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out"),
+      "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out",
+      # the engine or a worker is gone, and nothing else says why
+      "Input socket thread died", "Did not receive response from front-end process", "Engine process (pid",
+      "Engine is dead.", "died, exit code", "died unexpectedly"),
      Kind.ENGINE_DEAD, 25, None),
     (("validation error for", "failed to be inspected"), Kind.CONFIG_ERROR, 20, None),
     (("Engine core initialization failed", "EngineCore initialization failed",
       "EngineCore_0 initialization failed", "EngineCore failed to start", "EngineCore encountered",
       "EngineCore hit an exception", "Got fatal signal from worker processes", "EngineDeadError",
-      "Engine process failed to start", "RPCServer process died", "died unexpectedly",
+      "Engine process failed to start", "RPCServer process died", "EngineCoreProc failed to start",
+      "Frontend process failed during engine core initialization",
       "terminating server process", "Engine loop is not running", "Background loop has errored",
       "Background loop is not running", "Background loop is stopped", "WorkerProc initialization failed",
-      "WorkerProc failed to start", "WorkerProc hit an exception", "Executor failed", "died.')",
-      "Worker failed with error", "Task finished unexpectedly", "output_handler failed",
-      "Engine background task failed", "engine core exited unexpectedly"),
+      "WorkerProc failed", "WorkerProc hit an exception", "Executor failed", "died.')",
+      "Worker failed with error", "Task finished unexpectedly", "output_handler failed", "output handler hit an error",
+      "Engine background task failed", "engine core exited unexpectedly", "while processing method",
+      "This might cause deadlock in distributed execution", "JIT kernel warmup failed after"),
      Kind.ENGINE_DEAD, 10, None),
 )
 _KEYS = tuple((key, i) for i, rule in enumerate(_RULES) for key in rule[0])
 
-# Start-up milestones, matched at the start of the message (research §2).
+# Fatal although logged at WARNING or INFO. A placement-group shortage is only warned about from 0.6.5
+# (before, vLLM raised); vLLM then waits up to 30 minutes for Ray. Such a verdict is provisional
+# (``grace_s`` in its numbers): a start-up that goes on to load the model withdraws it.
+_WARN_RULES: tuple[tuple[tuple[str, ...], Any, int, Any, bool], ...] = (
+    (("exceeds the total number of available", "This may result in Ray placement group allocation failures"),
+     Kind.CONFIG_ERROR, 30, _placement_numbers, True),
+    (("engine core exited unexpectedly",), Kind.ENGINE_DEAD, 10, None, False),
+)
+_WARN_KEYS = tuple((key, i) for i, rule in enumerate(_WARN_RULES) for key in rule[0])
+_INFO_RULES: tuple[tuple[tuple[str, ...], Any, int, Any, bool], ...] = (
+    (("Waiting for creating a placement group of specs for",), Kind.CONFIG_ERROR, 30, _placement_numbers, True),
+)
+_INFO_PREFIXES = tuple(key for rule in _INFO_RULES for key in rule[0])
+
+#: Lines that say the engine was running when it died (vLLM's serving-time wrappers): an
+#: out-of-memory error without frames that place it happened while serving.
+RUNTIME_MARKERS = ("EngineCore encountered a fatal error", "output_handler failed", "output handler hit an error",
+                   "Engine background task failed", "has failed, terminating server process",
+                   "is already dead, terminating server process", "MQEngineDeadError", "AsyncEngineDeadError",
+                   "EngineDeadError", "Engine loop is not running", "Background loop has errored",
+                   "engine core exited unexpectedly", "Error in model execution")
+
+# Start-up milestones, matched at the start of the message (docs/failure-catalogue.md, "Milestones").
 _MILESTONES: tuple[tuple[str, str], ...] = (
     ("vLLM API server version", "config"), ("vLLM server version", "config"),
     ("non-default args", "config"), ("args: Namespace", "config"), ("Using max model len", "config"),
+    ("Resolved architecture", "config"), ("Automatically detected platform", "config"),
     ("Initializing a V1 LLM engine", "engine_init"), ("Initializing a V0 LLM engine", "engine_init"),
     ("Initializing an LLM engine", "engine_init"), ("Started engine process", "engine_init"),
+    ("Waiting for init message from front-end", "engine_init"),
     ("Starting to load model", "loading"), ("Loading safetensors checkpoint shards", "loading"),
     ("Loading pt checkpoint shards", "loading"), ("Loading weights took", "loading"),
+    ("Loading model from scratch", "loading"), ("Using model weights format", "loading"),
+    # "Model loading took" ends loading: what follows is the profile run
     ("Loading model weights took", "profiling"), ("Model loading took", "profiling"),
-    ("Memory profiling takes", "profiling"), ("Dynamo bytecode transform time", "profiling"),
+    ("Memory profiling takes", "profiling"), ("Memory profiling results", "profiling"),
+    ("Dynamo bytecode transform time", "profiling"), ("Using cache directory", "profiling"),
+    ("Starting torch.compile", "profiling"), ("Compiling a graph for shape", "warmup"),
     ("Compiling a graph for", "profiling"), ("torch.compile takes", "profiling"),
+    ("Encoder cache will be initialized", "profiling"), ("Profiling CUDA graph memory", "profiling"),
+    ("CUDA graph memory profiling is enabled", "profiling"),
     ("Estimated CUDA graph memory", "profiling"), ("the current vLLM instance can use", "profiling"),
     ("model weights take", "kv_cache"), ("Available KV cache memory", "kv_cache"),
-    ("# GPU blocks", "kv_cache"), ("# cuda blocks", "kv_cache"), ("# CPU blocks", "kv_cache"),
+    ("Initial free memory", "kv_cache"), ("Explicitly set (", "kv_cache"), ("Auto set (", "kv_cache"),
+    ("# GPU blocks", "kv_cache"), ("# cuda blocks", "kv_cache"), ("# CUDA blocks", "kv_cache"), ("# CPU blocks", "kv_cache"),
     ("GPU KV cache size", "kv_cache"), ("GPU + host KV cache size", "kv_cache"),
     ("CPU KV cache size", "kv_cache"), ("Maximum concurrency for", "kv_cache"),
     ("Auto-fit max_model_len", "kv_cache"),
     ("Capturing the model for CUDA graphs", "cudagraph"), ("Capturing cudagraphs", "cudagraph"),
-    ("Capturing CUDA graph", "cudagraph"),
+    ("Capturing CUDA graph", "cudagraph"), ("CUDA graphs can take additional", "cudagraph"),
+    ("If out-of-memory error occurs during cudagraph capture", "cudagraph"),
+    # V1 warms kernels up before it captures (compile sizes, JIT kernels, DeepGEMM, FlashInfer autotune)
+    ("Compile and warming up model for size", "warmup"), ("JIT kernel warmup", "warmup"),
+    ("Running FlashInfer", "warmup"), ("DeepGEMM warmup", "warmup"), ("Skipping CUDA graph capture", "warmup"),
     ("Graph capturing finished", "warmup"), ("CUDA graph pool memory", "warmup"),
     ("init engine (profile", "api_starting"), ("Started server process", "api_starting"),
     ("Waiting for application startup", "api_starting"), ("Available routes are", "api_starting"),
+    # the API server starts uvicorn right after it says so
     ("Starting vLLM API server", "serving"), ("Starting vLLM server on", "serving"),
     ("Application startup complete", "serving"), ("Uvicorn running on", "serving"),
 )
-_MILESTONE_PREFIXES = tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
+#: The API server saying it got SIGTERM/SIGINT (0.23+): what its engine prints while stopping is no failure.
+STOP_PREFIXES = ("[shutdown] API server: shutdown triggered",)
+_MILESTONE_PREFIXES = (tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
+                       + _INFO_PREFIXES + STOP_PREFIXES)
+#: Lines only a serving vLLM prints (its stats, a request's record): serving, even when the log's
+#: "Application startup complete." was not kept.
+_SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request", "Added request", "Finished request")
 
-# Traceback frame names -> where the failure happened (research §3.d table). Deepest frame wins.
+# Traceback frame names -> the start-up phase the failure happened in (tests/fixtures/catalogue/frames.tsv:
+# every function vLLM 0.5-0.33 defines for a phase). The deepest known frame wins, except the *weak*
+# frames, which place a failure only when nothing above them in the same traceback did: the serving
+# loop's frames (V0's profile_run calls execute_model) and the sampler warm-up (run by profile_run
+# while profiling and by compile_or_warm_up_model after capture). Frames every start-up traceback
+# passes through (run_engine_core, _init_executor, _initialize_kv_caches, the API server's waits),
+# torch.compile's (compile, __call__, bytecode_hook: the first compile runs inside profile_run, later
+# ones inside capture and warm-up) and _dummy_run (profiling, capture and warm-up alike) place nothing.
 _FRAME_PHASE = {
+    **dict.fromkeys(("init_device", "init_worker_distributed_environment", "init_distributed_environment",
+                     "ensure_model_parallel_initialized", "initialize_model_parallel", "_check_if_gpu_supports_dtype",
+                     "check_if_supports_dtype", "request_memory", "initialize_ray_cluster", "_wait_until_pg_ready",
+                     "_verify_bundles", "_init_workers_ray"), "engine_init"),
     **dict.fromkeys(("load_model", "load_weights", "get_model", "initialize_model", "_initialize_model",
-                     "create_weights", "_load_weights", "load_checkpoint"), "loading"),
+                     "create_weights", "_load_weights", "load_checkpoint", "_get_all_weights", "_get_weights_iterator",
+                     "_load_module", "_load_param", "_prepare_weights", "process_weights_after_loading",
+                     "_process_weights_after_loading", "awq_marlin_repack", "gptq_marlin_repack",
+                     "gptq_marlin_moe_repack", "default_weight_loader", "download_model", "download_weights_from_hf",
+                     "pt_weights_iterator", "safetensors_weights_iterator", "weight_loader", "weight_loader_v2"),
+                    "loading"),
     **dict.fromkeys(("profile_run", "determine_available_memory", "determine_num_available_blocks",
-                     "profile", "memory_profiling"), "profiling"),
+                     "profile_num_available_blocks",          # vLLM <= 0.3
+                     "determine_available_kv_cache_memory", "profile", "memory_profiling",
+                     # multimodal dummy data for the profile run
+                     "_dummy_mm_kwargs", "_get_mm_dummy_batch", "_get_dummy_mm_inputs", "dummy_data_for_profiling",
+                     "get_decoder_dummy_data", "get_dummy_data", "get_dummy_processor_inputs",
+                     "get_encoder_dummy_data", "get_and_validate_mm_inputs"), "profiling"),
     **dict.fromkeys(("initialize_kv_cache", "_allocate_kv_cache_tensors", "initialize_from_config",
-                     "initialize_cache", "_init_cache_engine", "_allocate_kv_cache",
-                     "initialize_kv_cache_tensors", "_reshape_kv_cache_tensors"), "kv_cache"),
-    **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "compile_or_warm_up_model",
-                     "_warm_up_model", "warm_up_model"),
-                    "cudagraph"),
-    **dict.fromkeys(("execute_model", "step", "run_busy_loop", "_process_engine_step",
-                     "step_with_batch_queue", "engine_step", "run_engine_loop", "execute_model_async",
-                     "_process_input_queue", "sample_tokens"), "serving"),
+                     "initialize_cache", "_init_cache_engine", "_allocate_kv_cache", "allocate_kv_cache",
+                     "initialize_kv_cache_tensors", "_reshape_kv_cache_tensors", "may_reinitialize_input_batch",
+                     "raise_if_cache_size_invalid", "get_kv_cache_config", "get_kv_cache_configs",
+                     "get_kv_cache_config_from_groups", "_get_kv_cache_config_uniform_type",
+                     "_get_kv_cache_config_uniform_page_size", "check_enough_kv_cache_memory",
+                     "_check_enough_kv_cache_memory", "estimate_max_model_len", "_auto_fit_max_model_len",
+                     "update_kv_cache_capacity", "init_cache_engine"), "kv_cache"),
+    # capture; profile_cudagraph_memory (0.18+) captures graphs to measure them while profiling
+    **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "capture_graph", "_capture_graph",
+                     "capture_begin", "capture_end", "profile_cudagraph_memory"), "cudagraph"),
+    **dict.fromkeys(("compile_or_warm_up_model", "_compile_or_warm_up_model", "_warm_up_model", "warm_up_model",
+                     "kernel_warmup", "deep_gemm_warmup", "_deepgemm_fp8_gemm_nt_warmup",
+                     "_deepgemm_grouped_fp8_gemm_nt_contiguous_warmup", "flashinfer_autotune",
+                     "_run_flashinfer_autotune_dummy_runs", "_warmup_bf16x3_router_gemm"), "warmup"),
+    **dict.fromkeys(("_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"), "profiling"),
+    **dict.fromkeys(("execute_model", "step", "run_busy_loop", "_process_engine_step", "step_with_batch_queue",
+                     "engine_step", "run_engine_loop", "execute_model_async", "_process_input_queue", "sample_tokens",
+                     "_driver_execute_model", "_execute_model_spmd", "_run_workers", "step_async", "output_handler",
+                     "_run_output_handler", "process_outputs_socket", "get_output_async", "process_input_sockets",
+                     "run_output_handler_loop", "run_heartbeat_loop", "_set_errored", "check_health", "generate",
+                     "_log_task_completion"), "serving"),
 }
+#: Frames that place a failure only when no frame above them in the traceback did.
+_WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
+    "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}

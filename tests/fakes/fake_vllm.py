@@ -4,8 +4,8 @@
 Run it the way vLLM is run (``fake_vllm.py serve MODEL [flags]`` or ``fake_vllm.py --model MODEL``).
 ``FAKE_VLLM_SCENARIO`` (a JSON file path or inline JSON) sets the model, GPU, vLLM version and
 misbehaviour; the memory arithmetic comes from :mod:`emulator`. The "current" output (0.32) is
-copied from captures of the real CPU vLLM 0.32.0 (/work/notes/real-vllm.md); older versions use
-the per-version strings of /work/shared/research/vllm-failures.md. Stdlib only.
+copied from captures of the real CPU vLLM 0.32.0 (tests/fixtures/logs/real-0.32); older versions use
+the per-version strings of docs/failure-catalogue.md (the table: tests/fixtures/catalogue). Stdlib only.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ class Scenario:
         self.replay = d.get("replay")
         self.heal_when = d.get("heal_when")
         self.replay_exit = int(d.get("replay_exit", 1))
+        # a vLLM that waits after the replayed lines (for a Ray placement group, say), then prints
+        # replay_tail (what it says when it gives up) before exiting with replay_exit
+        self.replay_wait = float(d.get("replay_wait", 0))
+        self.replay_tail = d.get("replay_tail")
         self.engine_death_after = d.get("engine_death_after")
         self.death_count = d.get("death_count")
         self.death_reason = d.get("death_reason", "error")   # error | oom | kill
@@ -101,7 +105,8 @@ def load_scenario() -> Scenario:
 
 # ================================================================ command line
 
-# (flag, first version, last version or None, takes a value) - research vllm-failures.md §4.
+# (flag, first version, last version or None, takes a value), from vLLM's argument parser per version
+# (vllm/engine/arg_utils.py); the guard's side of it: supervisor/core/vllm.py.
 _ALWAYS_VALUE = """--host --port --api-key --dtype --tokenizer --revision --tokenizer-revision --download-dir
 --load-format --seed --max-model-len --gpu-memory-utilization --kv-cache-dtype --tensor-parallel-size
 --pipeline-parallel-size --block-size --max-num-seqs --max-num-batched-tokens --quantization
@@ -128,7 +133,7 @@ _ALWAYS_BOOL = """--enforce-eager --trust-remote-code --disable-log-stats --enab
 --enable-eplb --return-tokens-as-token-ids --disable-frontend-multiprocessing --disable-log-requests
 --enable-log-requests --use-v2-block-manager --calculate-kv-scales --fail-on-environ-validation
 --enable-request-id-headers --disable-uvicorn-access-log --enable-log-outputs --log-error-stack""".split()
-# first version that has it, first version that no longer has it (research §4)
+# first version that has it, first version that no longer has it (vLLM's arg_utils.py per version)
 _RANGES = {
     "--cpu-offload-gb": ((0, 5, 5), None), "--compilation-config": ((0, 6, 5), None),
     "-O": ((0, 6, 5), None), "--optimization-level": ((0, 12, 0), None),
@@ -299,7 +304,8 @@ class Launch:
 
 
 class Log:
-    """vLLM's logger and stream prefixes for one process, per version (research §1.1/§1.2)."""
+    """vLLM's logger and stream prefixes for one process, per version (docs/failure-catalogue.md,
+    "How vLLM prints, per version")."""
 
     def __init__(self, v: tuple, proc: str | None, pid: int | None = None):
         self.v = v
@@ -873,7 +879,7 @@ class Engine:
             log.raw(f"\r{bar}: {pct:3d}%|{fill}| {stop}/{total} [00:0{1 + i}<00:00, 24.{i}0it/s]", fd=2)
 
     def fail(self, out) -> None:
-        """The V1 / V0 start-up failure envelope printed by the engine process (research §3)."""
+        """The V1 / V0 start-up failure envelope printed by the engine process (docs/failure-catalogue.md)."""
         v, log = self.v, self.log
         gen = out.numbers["engine"]
         tb, last = engine_failure(out.kind, v, gen, out.numbers, self.flags, out.phase)
@@ -1041,7 +1047,7 @@ def engine_child_main() -> None:
         os.write(ready_fd, (json.dumps({"failed": engine.failed_procs}) + "\n").encode())
     if ready is None:
         if gen == "v1" and (0, 7, 0) <= sc.v < (0, 8, 5):
-            os.kill(parent, signal.SIGUSR1)   # the 0.7-0.8.4 fatal-signal path (research §3 envelope)
+            os.kill(parent, signal.SIGUSR1)   # the 0.7-0.8.4 fatal-signal path (docs/failure-catalogue.md)
             os._exit(0)
         os._exit(1)
     os.write(ready_fd, (json.dumps(ready) + "\n").encode())
@@ -1250,7 +1256,7 @@ class Api:
                 return None
 
     def startup_failed(self, procs: dict | None = None) -> None:
-        """The API server's last words after the engine failed to start (research §3 envelope)."""
+        """The API server's last words after the engine failed to start (docs/failure-catalogue.md)."""
         v = self.v
         if self.engine is not None:
             self.engine.wait()
@@ -1321,7 +1327,7 @@ class Api:
         threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def engine_watch(self) -> None:
-        """Notice the engine's exit while serving (0.10.1+ promptly; older V1 never: research §3.f)."""
+        """Notice the engine's exit while serving (0.10.1+ promptly; older V1 never: docs/failure-catalogue.md)."""
         self.engine.wait()
         if self.stopping.is_set():
             return
@@ -1661,6 +1667,9 @@ def main(argv: list[str]) -> int:
             fh.write(json.dumps({"argv": argv, "pid": os.getpid()}) + "\n")
     if sc.replay and not healed(sc.heal_when, launch, sc.version):
         replay(sc.replay, sc.speed)
+        time.sleep(sc.replay_wait)
+        if sc.replay_tail:
+            replay(sc.replay_tail, sc.speed)
         return sc.replay_exit
     api = Api(launch, sc)
 

@@ -257,7 +257,7 @@ def test_kv_cache_insufficient_current(launch):
     assert "Process EngineCore:" in err_lines
     assert err_lines[-1] == ("RuntimeError: Engine core initialization failed. See root cause above. "
                              "Failed core proc(s): {}")
-    # every traceback line of the logger block carries the record prefix (research §1.1)
+    # every traceback line of the logger block carries the record prefix (docs/failure-catalogue.md)
     block = [ln for ln in out.splitlines() if "[core.py:1510]" in ln]
     assert len(block) > 10 and all(ln.startswith("(EngineCore pid=") for ln in block)
 

@@ -548,3 +548,58 @@ def test_flag_removed_in_this_vllm_is_dropped_not_fatal(run):
     assert s["changed_flags"]["--swap-space"]["value"] is None
     assert "removed in vLLM 0.18.0" in s["changed_flags"]["--swap-space"]["why"]
     assert g.terminate() == 0
+
+
+# --------------------------------------------------------------------------- issue 14's new kinds
+CURRENT = ROOT / "tests" / "fixtures" / "logs" / "current"
+
+
+def _history(g) -> list[dict]:
+    """The last record of each launch, from the state dir's history.jsonl."""
+    import json
+    last: dict[int, dict] = {}
+    for line in (g.state_dir / "history.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if isinstance(rec.get("n"), int):      # a launch's record (not the giving-up one)
+            last[rec["n"]] = rec
+    return [last[n] for n in sorted(last)]
+
+
+def test_an_unknown_traceback_at_start_up_relaunches_the_same_flags_with_backoff_then_fails(run):
+    """A failure no rule names (real 0.32 output: a corrupt tokenizer_config.json) is treated like the
+    engine dying: the same flags after a backoff, and `failed` (exit 75) once the launch budget is spent."""
+    g = run({"version": "0.32.0", "replay": str(REAL / "tokenizer-config-corrupt.log"),
+             "heal_when": {"flag": "--never-given"}},
+            vllm_args=["--max-model-len", "4096"], guard_args=["--max-launches", "3"],
+            env={"VLLM_GUARD_BACKOFF_INITIAL": "1.0", "VLLM_GUARD_BACKOFF_JITTER": "0"})
+    s = g.wait_for(lambda s: s["state"] == "backoff", 40, "a backoff after the unknown failure")
+    assert s["launches"][0]["kind"] == "unknown_failure"
+    assert g.wait_exit() == 75
+    out = g.output()
+    assert "relaunch 2 with the same flags" in out and "relaunch 3 with the same flags" in out
+    assert out.count("launch 3:") == 1 and "launch 4:" not in out
+    assert "3 launches in a row failed" in out and "unknown_failure" in out
+    launches = _history(g)
+    assert [r["kind"] for r in launches] == ["unknown_failure"] * 3
+    assert len({tuple(r["argv"]) for r in launches}) == 1          # never a change of flags
+    assert all(r["evidence"] for r in launches)      # the exception line no rule names
+    gaps = [b["started_at"] - a["ended_at"] for a, b in zip(launches, launches[1:])]
+    assert all(gap >= 0.9 for gap in gaps) and gaps[1] > gaps[0]   # backoff, growing: no hot loop
+
+
+def test_a_placement_group_shortage_ends_78_naming_the_gpus_asked_and_found(run):
+    """vLLM 0.32 with Ray and --tensor-parallel-size 4 on two GPUs: it warns and waits for Ray (up to
+    30 minutes); the guard gives up with exit 78 and says how many GPUs were asked for and found.
+    The fake waits 5 s and then fails the way vLLM does when its wait times out, so this holds
+    whether the guard acts on the warning at once or after the classifier's grace_s."""
+    g = run({"version": "0.32.0", "replay": str(CURRENT / "0.32.0-placement-group-shortage.log"),
+             "replay_wait": 5, "replay_tail": str(CURRENT / "0.32.0-placement-group-timeout.log")},
+            vllm_args=["--max-model-len", "32768", "--distributed-executor-backend", "ray",
+                       "--tensor-parallel-size", "4"])
+    assert g.wait_exit(timeout=90) == 78
+    out = g.output()
+    assert "giving up" in out and "vLLM needs 4 GPUs" in out and "only 2 are available" in out
+    assert out.count("launch 1:") == 1 and "launch 2:" not in out
+    (launch,) = _history(g)
+    assert launch["kind"] == "config_error"
+    assert launch["numbers"]["required_gpus"] == 4 and launch["numbers"]["available_gpus"] == 2

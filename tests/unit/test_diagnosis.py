@@ -93,7 +93,7 @@ def test_single_line_kinds(line: str, kind: Kind) -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        # INFO milestone 15: free memory at start-up, not the error of research §3.c
+        # the INFO summary of free memory at start-up, not the start-up check's error (docs/failure-catalogue.md)
         "(EngineCore_DP0 pid=9) INFO 09-20 10:00:01 [gpu_worker.py:391] Free memory on device (78.5/79.19 GiB) on startup. Desired GPU memory utilization is (0.9, 71.27 GiB). Actual usage is 14.25 GiB for weight, 4.3 GiB for peak activation.",
         "(EngineCore_DP0 pid=9) WARNING 09-20 10:00:01 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 second. This typically happens when some processes are hanging.",
         "WARNING 07-23 10:00:01 scheduler.py:1560] Sequence group 12 is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the end-to-end performance.",
@@ -105,7 +105,6 @@ def test_single_line_kinds(line: str, kind: Kind) -> None:
         "INFO 07-23 10:00:01 [__init__.py:1] Cannot use FlashAttention-2 backend for FP8 KV cache.",
         "INFO:     127.0.0.1:5555 - \"POST /v1/chat/completions HTTP/1.1\" 500 Internal Server Error",
         "WARNING 07-23 10:00:01 [arg_utils.py:1] --kv-cache-dtype is not supported by the V1 Engine. Falling back to V0.",
-        "    raise ValueError(\"No available memory for the cache blocks. \"",
         "INFO 07-23 10:00:01 [kv_cache_utils.py:1] Auto-fit max_model_len: reduced from 131072 to 41840 to fit in available GPU memory (5.23 GiB available for KV cache)",
     ],
 )
@@ -162,7 +161,8 @@ def _frame(fn: str, path: str = "/x/vllm/v1/worker/gpu_model_runner.py") -> str:
         (["Starting to load model x..."], [], Kind.OOM_WEIGHTS),
         (["Model loading took 14.25 GiB and 4.1 seconds"], [], Kind.OOM_PROFILE),
         (["Model loading took 14.25 GiB and 4.1 seconds", "GPU KV cache size: 10,000 tokens"], [], Kind.OOM_CUDAGRAPH),
-        (["Graph capturing finished in 5 secs, took 0.3 GiB"], [], Kind.OOM_CUDAGRAPH),
+        # after capture only warm-up runs (the sampler's dummy requests): eager mode would not help
+        (["Graph capturing finished in 5 secs, took 0.3 GiB"], [], Kind.OOM_PROFILE),
         (["Application startup complete."], [], Kind.OOM_RUNTIME),
         # frames beat milestones; the deepest known frame wins
         (["Starting to load model x..."], ["_initialize_kv_caches", "determine_available_memory", "profile_run", "_dummy_run"], Kind.OOM_PROFILE),
@@ -181,13 +181,21 @@ def test_oom_is_placed_by_frames_then_milestones(milestones: list[str], frames: 
     assert got.numbers["tried_to_allocate_mib"] == 2048.0
 
 
-def test_sampler_warm_up_oom_depends_on_when() -> None:
+def test_sampler_warm_up_oom_is_the_profiles_wherever_it_runs() -> None:
+    """The sampler warm-up runs at the end of profile_run and again after capture: fewer sequences
+    fix both (vLLM's own advice), so both are oom_profile; the phase says which one it was."""
     msg = "RuntimeError: CUDA out of memory occurred when warming up sampler with 512 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine."
     during_profile = classify(["INFO 09-20 10:00:01 [x.py:1] Model loading took 14.25 GiB", msg], 1)
     after_capture = classify(["INFO 09-20 10:00:01 [x.py:1] Graph capturing finished in 5 secs, took 0.3 GiB", msg], 1)
-    assert during_profile.kind is Kind.OOM_PROFILE
-    assert after_capture.kind is Kind.OOM_CUDAGRAPH
+    assert (during_profile.kind, during_profile.phase) == (Kind.OOM_PROFILE, "profiling")
+    assert (after_capture.kind, after_capture.phase) == (Kind.OOM_PROFILE, "warmup")
     assert after_capture.numbers["num_dummy_requests"] == 512
+    # the frames tell the two apart when the milestones do not
+    frames = ["Traceback (most recent call last):", _frame("compile_or_warm_up_model", "/x/vllm/v1/worker/gpu_worker.py"),
+              _frame("_dummy_sampler_run")]
+    assert classify(frames + [msg], 1).phase == "warmup"
+    frames[1] = _frame("profile_run")
+    assert classify(frames + [msg], 1).phase == "profiling"
 
 
 def test_non_oom_failure_during_capture_is_a_capture_failure() -> None:
@@ -267,6 +275,8 @@ def test_rank_comes_from_the_worker_that_failed() -> None:
         ("07-23 10:00:01 [core.py:718] half a header", "half a header"),
         (b"ERROR 07-23 10:00:01 [core.py:718] bad \xff\xfe bytes\x00", "bad \ufffd\ufffd bytes"),
         ("Traceback (most recent call last):", "Traceback (most recent call last):"),
+        # Kubernetes' container log format (CRI): timestamp, stream, partial/full flag
+        ("2024-06-01T12:00:00.123456789Z stderr F (EngineCore_DP0 pid=1) ERROR 06-01 12:00:00 [core.py:1] x", "x"),
     ],
 )
 def test_normalize(raw: str | bytes, text: str) -> None:
@@ -446,3 +456,265 @@ def test_a_vllm_environment_variable_that_is_not_a_number_is_a_config_error_nami
     plain = classify(["Traceback (most recent call last):", '  File "x.py", line 1, in f', "    int(value)",
                       "ValueError: invalid literal for int() with base 10: 'x'"])
     assert plain.kind is Kind.CONFIG_ERROR and "env_var" not in plain.numbers
+
+
+# --------------------------------------------------------------------------- never healthy on a failure
+_S = "/usr/local/lib/python3.10/dist-packages/vllm"
+_TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
+              "79.15 GiB of which 1.02 GiB is free. Process 1 has 78.12 GiB memory in use. Of the allocated memory "
+              "74.03 GiB is allocated by PyTorch, with 2.50 GiB allocated in private pools (e.g., CUDA Graphs), and "
+              "1.10 GiB is reserved by PyTorch but unallocated.")
+
+
+def _tb(*frames: str, path: str = f"{_S}/v1/worker/gpu_model_runner.py") -> list[str]:
+    return ["Traceback (most recent call last):"] + [_frame(f, path) for f in frames]
+
+
+def test_an_error_with_a_traceback_no_rule_names_is_an_unknown_failure() -> None:
+    e = "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:01 [core.py:718] "
+    lines = ["(EngineCore_DP0 pid=7) INFO 09-20 10:00:00 [gpu_model_runner.py:1] Model loading took 14.25 GiB and 4.1 seconds",
+             e + "EngineCore failed to start."] + [e + x for x in _tb("determine_available_memory", "profile_run")] + [
+             e + "KeyError: 'model.layers.0.mlp.experts.w13_weight'",
+             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    got = classify(lines)      # a pasted log: no exit code
+    assert (got.kind, got.phase) == (Kind.UNKNOWN_FAILURE, "profiling")
+    assert got.evidence == "KeyError: 'model.layers.0.mlp.experts.w13_weight'"
+
+
+def test_model_inspection_failing_in_a_subprocess_is_not_healthy() -> None:
+    got = classify([
+        "ERROR 05-02 10:00:00 [registry.py:360] Error in inspecting model architecture 'Qwen2ForCausalLM'",
+        "ERROR 05-02 10:00:00 [registry.py:360] Traceback (most recent call last):",
+        "ERROR 05-02 10:00:00 [registry.py:360] subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', "
+        "'vllm.model_executor.models.registry']' returned non-zero exit status 1."])
+    assert got.kind is Kind.UNKNOWN_FAILURE and "CalledProcessError" in got.evidence
+    then = classify(["ValueError: Model architectures ['Qwen2ForCausalLM'] failed to be inspected. Please check the logs "
+                     "for more details."])
+    assert then.kind is Kind.CONFIG_ERROR
+
+
+@pytest.mark.parametrize("thread, kind, phase", [
+    ("Current thread", Kind.OOM_CUDAGRAPH, "cudagraph"),   # the crashing thread was capturing
+    ("Thread", Kind.UNKNOWN_FAILURE, "profiling"),         # another thread's frames say nothing
+])
+def test_a_fatal_python_error_is_placed_by_the_crashing_threads_frames(thread: str, kind: Kind, phase: str) -> None:
+    lines = ["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Model loading took 14.25 GiB memory and 4.1 seconds",
+             "Fatal Python error: Segmentation fault", "",
+             f"{thread} 0x00007f1b2c7fe640 (most recent call first):",
+             '  File "/usr/lib/python3/dist-packages/torch/cuda/graphs.py", line 84 in capture_end',
+             f'  File "{_S}/v1/worker/gpu_model_runner.py", line 2100 in _capture_cudagraphs', "",
+             "Extension modules: numpy.core._multiarray_umath (total: 12)"]
+    got = classify(lines, -11)
+    assert (got.kind, got.phase) == (kind, phase)
+    assert got.evidence == "Fatal Python error: Segmentation fault"
+
+
+@pytest.mark.parametrize("lines, exit_code, kind", [
+    ([], None, Kind.NO_VLLM_OUTPUT),
+    ([b"\x00\x01\x02\xff\xfe" * 40], None, Kind.NO_VLLM_OUTPUT),
+    (["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Starting to load model m..."], None, Kind.INCOMPLETE),
+    (["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Starting to load model m...", "Traceback (most recent call last):",
+      _frame("load_model")], None, Kind.UNKNOWN_FAILURE),                # cut off before its exception line
+    (["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Starting to load model m..."], 1, Kind.UNKNOWN_FAILURE),
+])
+def test_what_is_known_when_nothing_names_a_failure(lines: list, exit_code: int | None, kind: Kind) -> None:
+    assert classify(lines, exit_code).kind is kind
+
+
+# --------------------------------------------------------------------------- runtime OOMs
+_E0 = "ERROR 10-15 12:00:00 async_llm_engine.py:63] "
+_E1 = "(EngineCore_DP0 pid=123) ERROR 09-20 10:00:01 [core.py:710] "
+_API = "(APIServer pid=1) "
+_RUNTIME_OOMS = {
+    "v0 engine loop, Error in model execution": [_E0 + "Engine background task failed"] + [_E0 + x for x in [
+        "Traceback (most recent call last):", _frame("run_engine_loop", f"{_S}/engine/async_llm_engine.py"),
+        _frame("engine_step", f"{_S}/engine/async_llm_engine.py"), _frame("step_async", f"{_S}/engine/async_llm_engine.py"),
+        _frame("execute_model_async", f"{_S}/executor/gpu_executor.py"), _frame("execute_model", f"{_S}/worker/worker_base.py"),
+        _frame("_wrapper", f"{_S}/worker/model_runner_base.py"),
+        '    raise type(err)(f"Error in model execution (input dumped to {filename}): "',
+        _TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped to "
+                           "/tmp/err_execute_model_input_20241015-120000.pkl): CUDA out of memory", 1)]],
+    "the dump wrapper's line alone": [_TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped "
+                                                         "to /tmp/err_execute_model_input_1.pkl): CUDA out of memory", 1)],
+    "MQEngineDeadError naming the OOM": [
+        "vllm.engine.multiprocessing.MQEngineDeadError: Engine loop is not running. Inspect the stacktrace to find "
+        "the original error: OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB.')"],
+    "v1 batch queue": [_E1 + "EngineCore encountered a fatal error."] + [_E1 + x for x in [
+        "Traceback (most recent call last):", _frame("run_engine_core", f"{_S}/v1/engine/core.py"),
+        _frame("run_busy_loop", f"{_S}/v1/engine/core.py"), _frame("step_with_batch_queue", f"{_S}/v1/engine/core.py"),
+        _frame("execute_model", f"{_S}/v1/executor/abstract.py"), _TORCH_OOM]],
+    "v1 without frames, output_handler after it": [
+        _E1 + "EngineCore encountered a fatal error.", _E1 + _TORCH_OOM,
+        _API + "ERROR 09-20 10:00:01 [async_llm.py:480] AsyncLLM output_handler failed.",
+        _API + "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+               "for the root cause."],
+    "a long request's prefill, serving stats above": [
+        _API + "INFO 09-20 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 3000.1 tokens/s, Avg "
+               "generation throughput: 10.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 90.1%",
+        _E1 + "Traceback (most recent call last):", _E1 + _frame("_prepare_inputs"), _E1 + _TORCH_OOM],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RUNTIME_OOMS))
+def test_runtime_ooms_are_placed_by_their_frames_and_context(name: str) -> None:
+    got = classify(_RUNTIME_OOMS[name])
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
+
+
+def test_the_private_pools_phrase_is_no_evidence_of_capture() -> None:
+    """Every PyTorch >= 2.1 OOM message names the private pools; only frames or milestones place it."""
+    lines = ["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Model loading took 14.25 GiB memory and 4.1 seconds", _TORCH_OOM]
+    assert classify(lines, 1).kind is Kind.OOM_PROFILE
+
+
+# --------------------------------------------------------------------------- start-up OOMs
+@pytest.mark.parametrize("frames, kind, phase", [
+    (("determine_available_memory", "profile_run", "_dummy_run"), Kind.OOM_PROFILE, "profiling"),
+    (("profile_run", "_dummy_sampler_run"), Kind.OOM_PROFILE, "profiling"),
+    (("profile_run", "_get_mm_dummy_batch", "_dummy_mm_kwargs"), Kind.OOM_PROFILE, "profiling"),   # multimodal dummy data
+    (("profile_run", "dummy_data_for_profiling", "get_dummy_data"), Kind.OOM_PROFILE, "profiling"),
+    (("load_model", "process_weights_after_loading", "gptq_marlin_repack"), Kind.OOM_WEIGHTS, "loading"),
+    (("compile_or_warm_up_model", "kernel_warmup", "deep_gemm_warmup", "_deepgemm_fp8_gemm_nt_warmup"),
+     Kind.OOM_PROFILE, "warmup"),        # kernel warm-up after the KV cache: eager mode would not skip it
+    (("compile_or_warm_up_model", "capture_model", "_capture_cudagraphs", "_dummy_run"), Kind.OOM_CUDAGRAPH, "cudagraph"),
+    (("initialize_from_config", "initialize_kv_cache", "_allocate_kv_cache_tensors"), Kind.OOM_PROFILE, "kv_cache"),
+])
+def test_start_up_ooms_are_placed_by_their_frames(frames: tuple, kind: Kind, phase: str) -> None:
+    lines = ["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Model loading took 14.25 GiB memory and 4.1 seconds",
+             "INFO 09-20 10:00:01 [kv_cache_utils.py:1] GPU KV cache size: 100,000 tokens"] + _tb(*frames) + [_TORCH_OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (kind, phase)
+
+
+def test_a_cuda_error_in_capture_frames_is_the_capture() -> None:
+    lines = ["INFO 09-20 10:00:01 [gpu_model_runner.py:1] Model loading took 14.25 GiB memory and 4.1 seconds",
+             *_tb("capture_model"), _frame("capture_begin", "/x/torch/cuda/graphs.py"),
+             "RuntimeError: CUDA error: operation failed due to a previous error during capture"]
+    assert classify(lines, 1).kind is Kind.OOM_CUDAGRAPH
+
+
+# --------------------------------------------------------------------------- short pastes
+@pytest.mark.parametrize("lines, kind", [
+    (_tb("determine_num_available_blocks", "raise_if_cache_size_invalid", path=f"{_S}/worker/worker.py")
+     + ['    raise ValueError("No available memory for the cache blocks. "'], Kind.NO_KV_CACHE_MEMORY),
+    (_tb("initialize_cache", path=f"{_S}/worker/worker.py") + ["    raise ValueError(",
+                                                               '        "No available memory for the cache blocks. "'],
+     Kind.NO_KV_CACHE_MEMORY),
+    (["    raise ValueError(\"No available memory for the cache blocks. \""], Kind.NO_KV_CACHE_MEMORY),
+    (["No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."],
+     Kind.NO_KV_CACHE_MEMORY),
+])
+def test_short_pastes_still_name_the_failure(lines: list[str], kind: Kind) -> None:
+    got = classify(lines)
+    assert got.kind is kind
+    assert "No available memory" in got.evidence
+
+
+def test_the_exception_line_beats_its_raise_source_line() -> None:
+    lines = _tb("check_enough_kv_cache_memory", path=f"{_S}/v1/core/kv_cache_utils.py") + [
+        '    raise ValueError(f"To serve at least one request with the models\'s max seq len "',
+        "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (5.23 GiB). Based on the available memory, the "
+        "estimated maximum model length is 41840. Try increasing `gpu_memory_utilization` or decreasing `max_model_len`"]
+    got = classify(lines, 1)
+    assert got.kind is Kind.KV_CACHE_INSUFFICIENT and got.numbers["fit_max_model_len"] == 41840
+    assert got.evidence.startswith("ValueError:") and got.phase == "kv_cache"
+
+
+# --------------------------------------------------------------------------- placement groups
+_PG = ["(APIServer pid=1) INFO 09-20 10:00:01 [core.py:76] Initializing a V1 LLM engine (v0.10.2) with config: "
+       "model='m', tensor_parallel_size=4, pipeline_parallel_size=2, seed=0",
+       "(APIServer pid=1) WARNING 09-20 10:00:02 [ray_utils.py:300] The number of required GPUs exceeds the total "
+       "number of available GPUs in the placement group."]
+
+
+def test_a_placement_group_shortage_vllm_only_warns_about_is_a_config_error_with_a_grace() -> None:
+    c = Classifier()
+    announced = [d for line in _PG if (d := c.feed(line))]
+    assert announced and announced[0].kind is Kind.CONFIG_ERROR
+    got = c.diagnose(None)
+    assert got.kind is Kind.CONFIG_ERROR and got.phase == "engine_init"
+    assert got.numbers["required_gpus"] == 8 and got.numbers["grace_s"] == 60
+    assert "8 GPUs" in got.detail
+    # Ray's waiting line names the bundles: their count is what vLLM asked for
+    wait = ("(APIServer pid=1) INFO 09-20 10:00:12 [ray_utils.py:178] Waiting for creating a placement group of specs "
+            "for 10 seconds. specs=[{'GPU': 1.0, 'node:10.0.0.1': 0.001}, {'GPU': 1.0}]. Check `ray status`")
+    assert classify([wait]).numbers == {"required_gpus": 2, "grace_s": 60}
+
+
+def test_the_tensor_parallel_warning_says_how_many_gpus_were_asked_and_found() -> None:
+    got = classify(["WARNING 09-20 10:00:02 [ray_utils.py:300] Tensor parallel size (4) exceeds available GPUs (2). "
+                    "This may result in Ray placement group allocation failures. Consider reducing tensor_parallel_size "
+                    "to 2 or less, or ensure your Ray cluster has 4 GPUs available."])
+    assert got.kind is Kind.CONFIG_ERROR
+    assert got.numbers == {"required_gpus": 4, "available_gpus": 2, "grace_s": 60}
+    assert "needs 4 GPUs" in got.detail and "only 2 are available" in got.detail
+
+
+def test_a_placement_group_that_comes_after_all_withdraws_the_verdict() -> None:
+    c = Classifier()
+    for line in _PG + ["(EngineCore pid=2) INFO 09-20 10:00:41 [gpu_model_runner.py:1] Starting to load model m...",
+                       "(EngineCore pid=2) ValueError: No available memory for the cache blocks."]:
+        c.feed(line)
+    assert c.diagnose(1).kind is Kind.NO_KV_CACHE_MEMORY
+    assert classify(_PG + ["INFO 09-20 10:00:41 [gpu_model_runner.py:1] Starting to load model m..."]).kind is Kind.INCOMPLETE
+
+
+@pytest.mark.parametrize("line, required, available", [
+    ("ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement group. "
+     "Required number of devices: 4. Total number of devices: 2.", 4, 2),
+    ("AssertionError: please set tensor_parallel_size (4) to less than max local gpu count (1)", 4, 1),
+    ("AssertionError: local_world_size (4) exceeds assigned_physical_gpu_ids count ([0, 1])", 4, 2),
+    ("ValueError: World size (8) is larger than the number of available GPUs (4) in this node. If this is "
+     "intentional and you are using:", 8, 4),
+])
+def test_more_gpus_than_there_are_is_a_config_error_that_counts_them(line: str, required: int, available: int) -> None:
+    got = classify([line], 1)
+    assert got.kind is Kind.CONFIG_ERROR and "grace_s" not in got.numbers     # vLLM exits by itself
+    assert (got.numbers["required_gpus"], got.numbers["available_gpus"]) == (required, available)
+    assert f"needs {required} GPUs" in got.detail
+
+
+@pytest.mark.parametrize("line", [
+    "(APIServer pid=1) INFO 09-20 10:00:02 [ray_utils.py:330] No current placement group found. Creating a new placement group.",
+    "(APIServer pid=1) INFO 09-20 10:00:02 [ray_utils.py:310] Using the existing placement group",
+    "(APIServer pid=1) DEBUG 09-20 10:00:02 [ray_utils.py:300] The number of required GPUs exceeds the total number of "
+    "available GPUs in the placement group.",
+])
+def test_placement_group_look_alikes_are_not_failures(line: str) -> None:
+    assert not classify([line]).names_a_failure
+
+
+def test_a_requests_error_while_serving_stays_non_fatal() -> None:
+    lines = ["(APIServer pid=1) ERROR 09-20 10:00:02 [serving_chat.py:222] Error in preprocessing prompt inputs",
+             *_tb("create_chat_completion", path=f"{_S}/entrypoints/openai/serving_chat.py"),
+             "vllm.exceptions.VLLMValidationError: The decoder prompt (length 5000) is longer than the maximum model "
+             "length of 4096. Make sure that `max_model_len` is no smaller than the number of text tokens.",
+             '(APIServer pid=1) INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request']
+    got = classify(lines)
+    assert got.kind is Kind.HEALTHY and got.phase == "serving"    # a request was answered: it serves
+    # any exception inside a request handler's traceback is that request's
+    other = lines[:3] + ["TypeError: 'NoneType' object is not subscriptable"]
+    assert not classify(other).names_a_failure
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB", Kind.OOM_WEIGHTS),           # ROCm
+    ("RuntimeError: hipErrorOutOfMemory", Kind.OOM_WEIGHTS),
+    ("RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB",
+     Kind.OOM_WEIGHTS),                                                                           # Gaudi
+    ("RuntimeError: UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", Kind.OOM_WEIGHTS),                      # XPU
+    ("ImportError: DLL load failed while importing _C: The specified module could not be found.", Kind.CONFIG_ERROR),
+])
+def test_other_accelerators_and_platforms(line: str, kind: Kind) -> None:
+    assert classify([line], 1).kind is kind
+
+
+def test_vllm_0_3_profiling_frames_place_an_oom() -> None:
+    lines = ["INFO 01-02 10:00:00 llm_engine.py:70] Initializing an LLM engine with config: model='m', tensor_parallel_size=1",
+             *_tb("_init_cache", path=f"{_S}/engine/llm_engine.py"), _frame("_run_workers", f"{_S}/engine/llm_engine.py"),
+             _frame("profile_num_available_blocks", f"{_S}/worker/worker.py"), _frame("execute_model", f"{_S}/worker/model_runner.py"),
+             "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0; 15.78 GiB total capacity; "
+             "14.50 GiB already allocated; 3.06 MiB free; 14.60 GiB reserved in total by PyTorch)"]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_PROFILE, "profiling")

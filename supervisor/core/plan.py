@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 
 from supervisor.core import vllm
-from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, ENFORCE_EAGER, KV_CACHE_BYTES, KV_CACHE_DTYPE,
-                                   MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS, PIPELINE_PARALLEL,
-                                   TENSOR_PARALLEL, UTILIZATION, Flags, format_value)
+from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
+                                   KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
+                                   PIPELINE_PARALLEL, TENSOR_PARALLEL, UTILIZATION, Flags, format_value)
 from supervisor.core import memory as M
 from supervisor.core.memory import activation_bytes, fit_max_model_len, kv_budget, kv_bytes_per_token
 from supervisor.core.model import ModelInfo, derive_max_model_len
@@ -283,6 +283,17 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
     return Fit(out, why, True)
 
 
+#: The flags that shape vLLM's memory besides the weights and the KV cache: the profile's batch,
+#: CUDA graphs, the parallel layout, the offload. A measured overhead holds while these are the same.
+OVERHEAD_FLAGS = (ENFORCE_EAGER, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, CHUNKED_PREFILL, TENSOR_PARALLEL,
+                  PIPELINE_PARALLEL, CPU_OFFLOAD)
+
+
+def overhead_conditions(flags: Flags) -> tuple[tuple[str, str | None], ...]:
+    """The values of :data:`OVERHEAD_FLAGS` in ``flags`` (None: unset), as a measured overhead records them."""
+    return tuple((name, flags.get(name)) for name in OVERHEAD_FLAGS)
+
+
 @dataclass(frozen=True)
 class Sizing:
     """What the plan knows besides the flags and the GPU's memory: the model, the GPUs, the platform.
@@ -306,12 +317,18 @@ class Sizing:
     utilization_margin: float = 0.005
     measured_overhead_bytes: int | None = None
     measured_weights_bytes: int | None = None
+    measured_under: tuple[tuple[str, str | None], ...] = ()    # overhead_conditions() of that launch
 
     def fit(self, flags: Flags, *, total_bytes: int | None, free_bytes: int | None,
             vllm_version: str | None = None, context_bytes: int = vllm.CUDA_CONTEXT_BYTES,
             measured_overhead_bytes: int | None = None, measured_weights_bytes: int | None = None) -> Fit:
-        """What to change in ``flags`` so that a launch fits a GPU of ``total_bytes`` with ``free_bytes`` free."""
-        overhead = self.measured_overhead_bytes if measured_overhead_bytes is None else measured_overhead_bytes
+        """What to change in ``flags`` so that a launch fits a GPU of ``total_bytes`` with ``free_bytes`` free.
+
+        The overhead a healthy launch measured replaces the estimate only for flags that shape it
+        the same way (:func:`overhead_conditions`); the measured weights hold for any flags."""
+        overhead = measured_overhead_bytes
+        if overhead is None and overhead_conditions(flags) == self.measured_under:
+            overhead = self.measured_overhead_bytes
         weights = self.measured_weights_bytes if measured_weights_bytes is None else measured_weights_bytes
         return fit_launch(self.info, gpu_total_bytes=total_bytes, gpu_free_bytes=free_bytes, gpus=self.gpus,
                           flags=flags, vllm_version=vllm_version or self.vllm_version, margin=self.margin,

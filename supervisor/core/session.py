@@ -28,14 +28,15 @@ from typing import Any, Callable, Mapping
 import tenacity
 
 from supervisor.config import GuardConfig
-from supervisor.core import exits, remedy, vllm
+from supervisor.core import exits, memory, remedy, vllm
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.flags import MAX_MODEL_LEN, Flags, diff
+from supervisor.core.flags import (KV_CACHE_DTYPE, MAX_MODEL_LEN, PIPELINE_PARALLEL, TENSOR_PARALLEL, UTILIZATION,
+                                   Flags, diff)
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import Lifecycle, State
 from supervisor.core.model import ModelInfo, derive_max_model_len
-from supervisor.core.plan import Sizing
+from supervisor.core.plan import Sizing, overhead_conditions
 from supervisor.core.units import GiB
 from supervisor.errors import EX_TEMPFAIL
 
@@ -45,6 +46,33 @@ DIED = "died"              # was healthy, then exited / lost its engine / hung
 STOPPED = "stopped"        # the guard was asked to stop (signal, POST /stop)
 RESTART = "restart"        # POST /restart: the same flags again
 RESET = "reset"            # POST /restart?reset=1: back to the flags the user asked for
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a healthy launch's own figures said about vLLM's memory on this host, per GPU: its
+    overhead (activation, non-torch, CUDA graphs: the share less the weights and the KV cache) under
+    the flags that shape it, and the weights. Later launches are sized with these, not the estimate."""
+
+    overhead_bytes: int
+    weights_bytes: int
+    under: tuple[tuple[str, str | None], ...]        # plan.overhead_conditions() of that launch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"overhead_bytes": self.overhead_bytes, "weights_bytes": self.weights_bytes,
+                "under": [list(pair) for pair in self.under]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Measured | None":
+        """From the state dir's JSON; None when it is not the shape :meth:`to_dict` writes."""
+        try:
+            under = tuple((str(k), None if v is None else str(v)) for k, v in d["under"])
+            overhead, weights = d["overhead_bytes"], d["weights_bytes"]
+            if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (overhead, weights)):
+                return None
+            return cls(overhead, weights, under)
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,7 @@ class Facts:
     model: ModelInfo | None = None
     cpu_kv_space_gib: float | None = None      # VLLM_CPU_KVCACHE_SPACE
     learned: Learned | None = None
+    measured: Measured | None = None           # what a healthy launch printed on this host (any flags)
 
 
 @dataclass(frozen=True)
@@ -133,6 +162,7 @@ class Healthy:
 
     learn: tuple[str, ...] | None              # argv to store as learned (None: do not store)
     reasons: Mapping[str, str]
+    measured: Measured | None = None           # vLLM's memory as it printed it, kept with the flags
 
 
 Step = Launch | End
@@ -175,6 +205,8 @@ class Session:
             compute_capability=facts.devices[0].compute_capability if facts.devices else None,
             device_name=facts.devices[0].name if facts.devices else "",
             utilization_margin=cfg.remedies.utilization_margin)
+        if facts.measured is not None:
+            self._size_with(facts.measured)
         self.fp8_supported = None if not facts.devices else all(
             vllm.fp8_kv_supported(d.compute_capability, facts.vllm_version, bool(model and model.mla))
             for d in facts.devices)
@@ -315,7 +347,36 @@ class Session:
                 learn = learn.set(MAX_MODEL_LEN, longer)
                 reasons[MAX_MODEL_LEN] = (f"vLLM measured room for {context['fit']} tokens where {context['served']} "
                                           f"were served (the estimate held back); {longer} is kept for the next start")
-        return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons)
+        measured = self._measured(numbers)
+        if measured is not None:
+            self._size_with(measured)          # later relaunches of this run size with it too
+        return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons, measured)
+
+    def _size_with(self, measured: Measured) -> None:
+        if self.sizing is not None:
+            self.sizing = replace(self.sizing, measured_overhead_bytes=measured.overhead_bytes,
+                                  measured_weights_bytes=measured.weights_bytes, measured_under=measured.under)
+
+    def _measured(self, numbers: Mapping[str, Any]) -> Measured | None:
+        """vLLM's memory on this GPU from what it printed while starting ("Model loading took", the KV
+        cache's GiB, blocks or tokens); None on the CPU build, without NVML's total or the figures."""
+        loaded = numbers.get("model_loading_gib")
+        if self.sizing is None or self.facts.platform == "cpu" or not self.facts.total_gib or loaded is None:
+            return None
+        kv_gib = numbers.get("available_kv_gib")
+        utilization = self.current.get_float(UTILIZATION) or vllm.default_utilization(self.vllm_version)
+        overhead = memory.measured_overhead_bytes(
+            gpu_total_bytes=int(self.facts.total_gib * GiB), utilization=utilization,
+            weights_bytes=int(float(loaded) * GiB), available_kv_bytes=None if kv_gib is None else int(kv_gib * GiB),
+            kv_cache_tokens=numbers.get("kv_cache_tokens"), num_gpu_blocks=numbers.get("num_gpu_blocks"),
+            info=self.sizing.info, tp=self.current.get_int(TENSOR_PARALLEL) or 1,
+            pp=self.current.get_int(PIPELINE_PARALLEL) or 1,
+            kv_cache_dtype=self.current.get(KV_CACHE_DTYPE) or "auto",
+            block_size=self.block_size or vllm.default_block_size(platform=self.facts.platform),
+            vllm_version=self.vllm_version)
+        if overhead is None or overhead < 0:
+            return None
+        return Measured(overhead, int(float(loaded) * GiB), overhead_conditions(self.current))
 
     def context(self, numbers: Mapping[str, Any]) -> dict[str, int | None]:
         """The length served, the length asked for, and the longest one vLLM's KV cache holds: the

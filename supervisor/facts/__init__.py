@@ -64,7 +64,7 @@ def gather(cfg: GuardConfig, environ: Mapping[str, str], provider: Any,
     requested = cfg.requested_flags()
     notes: list[str] = []
     warnings: list[str] = []
-    installed = vllm_install.installed(cfg.vllm_argv)
+    installed = vllm_install.installed(cfg.vllm_argv, environ)
     devices = gpus_for(requested, provider, environ)
     if devices:
         platform = "cuda"

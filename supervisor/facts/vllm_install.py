@@ -26,18 +26,19 @@ class Installed:
     python: str
 
 
-def interpreter(argv: Sequence[str]) -> str | None:
-    """The Python that runs ``argv`` (a python, or a console script's shebang), if any."""
+def interpreter(argv: Sequence[str], path: str | None = None) -> str | None:
+    """The Python that runs ``argv`` (a python, or a console script's shebang), if any; ``path``
+    is the PATH the command will be found on."""
     if not argv:
         return None
     exe = argv[0]
     if os.path.basename(exe).startswith("python"):
         return exe
-    path = shutil.which(exe)
-    if not path:
+    found = shutil.which(exe, path=path)
+    if not found:
         return None
     try:
-        with open(path, "rb") as f:
+        with open(found, "rb") as f:
             first = f.readline(300)
     except OSError:
         return None
@@ -56,22 +57,31 @@ _VERSION_CODE = (
 )
 
 
+#: What decides which vLLM a Python imports, besides the interpreter itself.
+_IMPORT_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "VIRTUAL_ENV", "HOME")
+
+
 @functools.lru_cache(maxsize=16)
-def _installed(argv: tuple[str, ...]) -> Installed | None:
-    py = interpreter(argv)
+def _installed(argv: tuple[str, ...], env: tuple[tuple[str, str], ...] | None) -> Installed | None:
+    environ = dict(env) if env is not None else None
+    py = interpreter(argv, environ.get("PATH") if environ is not None else None)
     if not py:
         return None
     try:
-        out = subprocess.run([py, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([py, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=20,
+                             env=None if environ is None else {
+                                 **{k: v for k, v in os.environ.items() if k not in _IMPORT_ENV}, **environ})
     except (OSError, subprocess.SubprocessError):
         return None
     parts = out.stdout.strip().split()
     return Installed(parts[0], parts[1], py) if len(parts) == 2 else None
 
 
-def installed(argv: Sequence[str]) -> Installed | None:
-    """The vLLM behind ``argv`` (from package metadata, no torch import); None when it cannot be read."""
-    return _installed(tuple(argv))
+def installed(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Installed | None:
+    """The vLLM behind ``argv`` (from package metadata, no torch import), as the command will import
+    it in ``environ`` (vLLM's environment: its PATH, PYTHONPATH, virtualenv); None when it cannot be read."""
+    env = None if environ is None else tuple((k, environ[k]) for k in _IMPORT_ENV if k in environ)
+    return _installed(tuple(argv), env)
 
 
 def require_command(argv: Sequence[str], environ: Mapping[str, str]) -> None:

@@ -75,7 +75,7 @@ class Guard:
         self._hurry = threading.Event()       # a second stop: no grace for vLLM
         self._heartbeat = time.monotonic()
         self._lock: statedir.StateDirLock | None = None
-        self._learned_key: str | None = None
+        self._keys: statedir.StoreKeys | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- entry point ------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class Guard:
         facts = gathered.facts
         self.gpus = Gpus(self.gpu_provider, self.environ, self.state_dir, gathered.gpu_key, facts.devices, self._stop)
         if cfg.plan.learn:
-            facts, self._learned_key = statedir.learned_facts(cfg, facts, self.state_dir)
+            facts, self._keys = statedir.learned_facts(cfg, facts, self.state_dir)
         self.session = Session(cfg, facts, rng=self.rng, on_state=self._on_state)
 
     async def _start_status(self, stack: contextlib.AsyncExitStack) -> None:
@@ -179,8 +179,8 @@ class Guard:
                 return step.exit_code
             if step is None:
                 break
-            if step.forget_learned and self._learned_key:
-                statedir.LearnedStore(self.state_dir).drop(self._learned_key)
+            if step.forget_learned and self._keys is not None:
+                statedir.LearnedStore(self.state_dir).drop(self._keys.flags)
             if step.delay:
                 self.report.backoff_until = time.time() + step.delay
                 command = await self._next_command(step.delay)
@@ -295,10 +295,13 @@ class Guard:
         gpus.release_turn()      # the next vLLM on this GPU may start profiling now
         healthy = s.healthy(w.classifier.numbers, seconds)
         self.report.healthy(s, seconds, w.classifier.numbers)
-        if healthy.learn is not None and self._learned_key:
+        if healthy.learn is not None and self._keys is not None:
             try:
-                statedir.LearnedStore(self.state_dir).put(self._learned_key, list(healthy.learn), {
-                    "model": self.cfg.model, "vllm_version": s.vllm_version, "reasons": dict(healthy.reasons)})
+                store, meta = statedir.LearnedStore(self.state_dir), {"model": self.cfg.model,
+                                                                       "vllm_version": s.vllm_version}
+                store.put(self._keys.flags, list(healthy.learn), {**meta, "reasons": dict(healthy.reasons)})
+                if healthy.measured is not None:
+                    store.put(self._keys.measured, [], {**meta, "measured": healthy.measured.to_dict()})
             except (OSError, statedir.StateError) as e:
                 log.warning(f"could not store the learned flags: {e}")
 

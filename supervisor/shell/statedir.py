@@ -32,6 +32,7 @@ import stat
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -534,28 +535,47 @@ async def gpu_turn_async(key: str, timeout: float, poll: float = 0.5, on_wait: C
 # --- learned flags --------------------------------------------------------------------------
 
 
-def learned_facts(cfg: Any, facts: Any, state_dir: str) -> tuple[Any, str]:
-    """``facts`` with the flags learned in ``state_dir`` for this model, GPUs, vLLM and request, and
-    the store key; secret values come back from the flags given (the store never holds them)."""
+def learned_facts(cfg: Any, facts: Any, state_dir: str) -> tuple[Any, StoreKeys]:
+    """``facts`` with what the state dir learned on this host: the flags that served this model on
+    these GPUs and vLLM as asked, and vLLM's memory as a healthy launch printed it (for any flags);
+    with the keys to store them under. Secret values come back from the flags given (the store
+    never holds them)."""
     from dataclasses import replace
 
-    from supervisor.core.session import Learned
+    from supervisor.core.session import Learned, Measured
     from supervisor.shell.auth import restore_masked
 
     requested = cfg.requested_flags()
     gpus = [(d.name, d.total_bytes) for d in facts.devices] or [("cpu", int((facts.cpu_kv_space_gib or 0) * (1 << 30)))]
-    key = learned_key(model=cfg.model, revision=None, gpus=gpus, tp=requested.get_int("--tensor-parallel-size") or 1,
-                      vllm_version=facts.vllm_version, user_args=list(cfg.vllm_args))
+    where = dict(model=cfg.model, revision=None, gpus=gpus, tp=requested.get_int("--tensor-parallel-size") or 1,
+                 vllm_version=facts.vllm_version)
+    keys = StoreKeys(learned_key(**where, user_args=list(cfg.vllm_args)),
+                     MEASURED_PREFIX + learned_key(**where, user_args=[]))
     if not os.path.isdir(state_dir):
-        return facts, key
-    entry = LearnedStore(state_dir).get(key)
+        return facts, keys
+    store = LearnedStore(state_dir)
+    entry = store.get(keys.measured)
+    meta = entry.get("meta") if entry is not None and isinstance(entry.get("meta"), dict) else {}
+    if "measured" in meta:
+        facts = replace(facts, measured=Measured.from_dict(meta["measured"]))
+    entry = store.get(keys.flags)
     if entry is None:
-        return facts, key
+        return facts, keys
     meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
     reasons = meta.get("reasons") if isinstance(meta.get("reasons"), dict) else {}
     argv = restore_masked(entry["argv"], list(cfg.vllm_args))
     return replace(facts, learned=Learned(tuple(argv), str(entry.get("saved_at") or ""),
-                                          {str(k): str(v) for k, v in reasons.items()})), key
+                                          {str(k): str(v) for k, v in reasons.items()})), keys
+
+
+#: learned.json keys of vLLM's measured memory (one per host, model, GPUs, TP and vLLM, whatever the flags).
+MEASURED_PREFIX = "measured:"
+
+
+@dataclass(frozen=True)
+class StoreKeys:
+    flags: str              # the flags that served, for the flags asked
+    measured: str           # vLLM's memory as it printed it, for any flags
 
 
 def learned_key(

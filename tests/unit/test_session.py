@@ -10,7 +10,7 @@ every edge of the lifecycle table must be taken by some scenario.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +320,66 @@ def test_a_healed_length_below_what_vllm_measured_is_raised_for_the_next_start(v
     h = s.healthy({"kv_cache_tokens": 41584, "block_size": 16}, 30.0)
     assert h.learn is not None and Flags.parse(" ".join(h.learn)).get("--max-model-len") == str(kept)
     assert s.current.get("--max-model-len") == "40000"          # this launch keeps what it serves
+
+
+# -- what a healthy launch printed sizes the next plan on this host --------------------------------
+CALIBRATION = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
+
+
+def test_a_healthy_launchs_own_figures_size_the_next_plan_on_this_host() -> None:
+    """Record 8 of the calibration set, a real start-up: Qwen3-32B on an H100 (79.18 GiB) at vLLM
+    0.11, --gpu-memory-utilization 0.9; vLLM printed 61.03 GiB of weights and 4.45 GiB of KV cache,
+    which holds 18224 tokens (256 KiB a token, 16-token blocks)."""
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    total = 79.18
+    h100 = GpuDevice(0, "NVIDIA H100 80GB HBM3", int(total * GiB), int(0.5 * GiB), int((total - 0.5) * GiB), (9, 0), ())
+    facts = Facts(devices=(h100,), total_gib=total, free_gib=total - 0.5, vllm_version="0.11.0", model=info)
+    first = Session(config("--gpu-memory-utilization 0.9 --max-model-len 16000"), facts, rng=random.Random(0))
+    first.first_launch()
+    first.launching()
+    measured = first.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    assert measured is not None
+    assert measured.overhead_bytes / GiB == pytest.approx(0.9 * total - 61.03 - 4.45, abs=0.01)   # 5.78 GiB
+
+    def planned(measured_here: Any) -> int:
+        """The next start asks for the whole context (40960); vLLM 0.11 has no auto-fit: the plan cuts."""
+        s = Session(config("--gpu-memory-utilization 0.9"), replace(facts, measured=measured_here),
+                    rng=random.Random(0))
+        return int(s.first_launch().flags.get("--max-model-len"))
+
+    real_fit = 18224
+    assert planned(None) < 0.8 * real_fit                  # the estimate's band holds back a quarter
+    assert 0.96 * real_fit <= planned(measured) <= real_fit  # what vLLM printed: within its run-to-run noise
+
+
+def test_a_measured_overhead_holds_only_for_the_flags_that_shaped_it() -> None:
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    facts = Facts(total_gib=79.18, free_gib=78.68, vllm_version="0.11.0", model=info,
+                  devices=(GpuDevice(0, "NVIDIA H100 80GB HBM3", int(79.18 * GiB), 0, int(79.18 * GiB), (9, 0), ()),))
+    s = Session(config("--gpu-memory-utilization 0.9 --max-num-seqs 512"), facts, rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    measured = s.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    assert measured is not None and ("--max-num-seqs", "512") in measured.under
+    again = Session(config("--gpu-memory-utilization 0.9"), replace(facts, measured=measured), rng=random.Random(0))
+    assert again.sizing is not None
+    fit = again.sizing.fit(Flags.parse("--gpu-memory-utilization 0.9"), total_bytes=int(79.18 * GiB), free_bytes=None)
+    # another batch: the estimated overhead (with the weights vLLM printed, which hold for any batch)
+    estimate = replace(again.sizing, measured_overhead_bytes=None)
+    assert fit == estimate.fit(Flags.parse("--gpu-memory-utilization 0.9"), total_bytes=int(79.18 * GiB),
+                               free_bytes=None)
+    same = again.sizing.fit(Flags.parse("--gpu-memory-utilization 0.9 --max-num-seqs 512"),
+                            total_bytes=int(79.18 * GiB), free_bytes=None)
+    assert int(same.flags["--max-model-len"]) > int(fit.flags["--max-model-len"])   # the same batch: measured
+
+
+def test_no_measurement_on_the_cpu_build_or_without_vllms_figures() -> None:
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    s = Session(config(), Facts(platform="cpu", cpu_kv_space_gib=1.0, model=info), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    assert s.healthy({"model_loading_gib": 61.03, "kv_cache_tokens": 65536}, 20.0).measured is None
+    g = Session(config(), Facts(total_gib=79.18, vllm_version="0.11.0", model=info), rng=random.Random(0))
+    g.first_launch()
+    g.launching()
+    assert g.healthy({"available_kv_gib": 4.45}, 20.0).measured is None     # no "Model loading took"

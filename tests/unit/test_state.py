@@ -282,6 +282,36 @@ def test_a_malformed_entry_is_ignored_with_a_warning(tmp_path):
     assert warnings and "malformed" in warnings[0]
 
 
+def test_measured_memory_is_kept_for_this_host_whatever_the_flags(tmp_path):
+    from supervisor.config import GuardConfig
+    from supervisor.core.gpus import GpuDevice
+    from supervisor.core.session import Facts, Measured
+
+    h100 = GpuDevice(0, "NVIDIA H100 80GB HBM3", 80 << 30, 0, 80 << 30, (9, 0), ())
+    facts = Facts(devices=(h100,), vllm_version="0.11.0")
+    measured = Measured(6 << 30, 61 << 30, (("--max-num-seqs", None),))
+    asked = GuardConfig(model="m", vllm_args=("--max-model-len", "16000"))
+    _, keys = state.learned_facts(asked, facts, str(tmp_path))
+    LearnedStore(str(tmp_path)).put(keys.measured, [], {"measured": measured.to_dict()})
+    other_flags = GuardConfig(model="m", vllm_args=("--max-model-len", "8192"))
+    found, other = state.learned_facts(other_flags, facts, str(tmp_path))
+    assert other.flags != keys.flags and other.measured == keys.measured
+    assert found.measured == measured and found.learned is None
+    other_gpu = Facts(devices=(GpuDevice(0, "NVIDIA L4", 22 << 30, 0, 22 << 30, (8, 9), ()),), vllm_version="0.11.0")
+    assert state.learned_facts(other_flags, other_gpu, str(tmp_path))[0].measured is None
+
+
+@pytest.mark.parametrize("garbage", [5, {"overhead_bytes": "6"}, {"overhead_bytes": -1, "weights_bytes": 0, "under": []},
+                                     {"overhead_bytes": 1, "weights_bytes": 1, "under": 7}])
+def test_a_malformed_measurement_is_ignored(tmp_path, garbage):
+    from supervisor.config import GuardConfig
+    from supervisor.core.session import Facts
+
+    _, keys = state.learned_facts(GuardConfig(model="m"), Facts(), str(tmp_path))
+    LearnedStore(str(tmp_path)).put(keys.measured, [], {"measured": garbage})
+    assert state.learned_facts(GuardConfig(model="m"), Facts(), str(tmp_path))[0].measured is None
+
+
 def test_gpu_lock_dir_is_shared_and_writable():
     d = state.gpu_lock_dir()
     assert d.name in ("vllm-guard", "vllm-guard-locks")

@@ -21,7 +21,7 @@ from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
                                    KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
                                    TENSOR_PARALLEL, UTILIZATION, Flags, canonical)
-from supervisor.core.memory import kv_bytes_per_token
+from supervisor.core.memory import GRAPH_OUTSIDE_FLOOR_BYTES, kv_bytes_per_token
 from supervisor.core.plan import Fit, Sizing, utilization_under_free, v0_chunked_gain_tokens
 from supervisor.core.units import GiB
 from supervisor.errors import EX_CONFIG, EX_TEMPFAIL
@@ -324,16 +324,9 @@ def _weights_per_rank_gib(current: Flags, ctx: Context) -> float | None:
     return ctx.sizing.info.weights_bytes / GiB / max(1, current.world_size()) - offload
 
 
-#: Held for CUDA graphs when vLLM < 0.20 captures them outside its budget and the model is unknown.
-GRAPH_RESERVE_UNKNOWN_GIB = 0.5
-
-
 def _graphs_outside_budget(current: Flags, ctx: Context) -> bool:
     """vLLM 0.9.1-0.19 captures CUDA graphs after sizing the KV cache, in memory outside its budget."""
     return vllm.graphs_outside_budget(ctx.vllm_version) and not current.enabled(EAGER)
-
-
-KV_BYTES = "--kv-cache-memory-bytes"
 
 
 def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: float, total_gib: float,
@@ -346,7 +339,8 @@ def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: fl
                     context_bytes=context_bytes)
     if planned is not None and UTIL in planned.flags:
         return float(planned.flags[UTIL]), planned
-    reserve = GRAPH_RESERVE_UNKNOWN_GIB if _graphs_outside_budget(current, ctx) else 0.0
+    # the model unknown: the least room the plan ever leaves for graphs captured outside the budget
+    reserve = GRAPH_OUTSIDE_FLOOR_BYTES / GiB if _graphs_outside_budget(current, ctx) else 0.0
     return utilization_under_free((free_gib - reserve) * GiB, total_gib * GiB, context_bytes=context_bytes,
                                   margin=ctx.rules.utilization_margin), None
 

@@ -794,7 +794,8 @@ class Engine:
             log.info(f"{worker}:262", (
                 f"Memory profiling takes {self.speed:.2f} seconds\nthe current vLLM instance can use "
                 f"total_gpu_memory ({n['total_gib']:.2f}GiB) x gpu_memory_utilization ({util:.2f}) = "
-                f"{n['budget_gib']:.2f}GiB\nmodel weights take {w:.2f}GiB; non_torch_memory takes 0.10GiB; "
+                f"{n['budget_gib']:.2f}GiB\nmodel weights take {w:.2f}GiB; "
+                f"non_torch_memory takes {n.get('non_torch_gib', 0.1):.2f}GiB; "
                 f"PyTorch activation peak memory takes {n['activation_gib']:.2f}GiB; the rest of the memory "
                 f"reserved for KV Cache is {n['kv_available_gib']:.2f}GiB."))
         if out.kind == "no_kv_cache_memory":

@@ -196,20 +196,29 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         return out
     if (kv_dtype == "auto" and _allowed(ctx, "kv_cache_fp8") and ctx.fp8_supported is not False
             and "kv_cache_fp8" not in ctx.tried):
-        # fp8 halves bytes per token, so the same memory holds twice the tokens.
-        doubled = _align(min(2 * fit, cap or 2 * fit), block)
+        # fp8 halves bytes per token, so the same memory holds twice the tokens; on V0 chunked
+        # prefill (no degradation) frees the whole-context profile's activation memory as well.
+        chunked = _v0_chunked(fit, length, d, current, ctx) if source == "vLLM's estimate" else None
+        tokens = chunked[0] if chunked is not None else fit
+        doubled = _align(min(2 * tokens, cap or 2 * tokens), block)
         if doubled >= floor:
             flags = current.set(KV_DTYPE, "fp8")
             changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8",
                               f"only {fit} tokens fit, below the floor of {floor}; "
                               "fp8 KV doubles the capacity")]
+            if chunked is not None:
+                flags = flags.set(CHUNKED)
+                changes.append(chunked[1])
             if (not length or doubled < length) and _allowed(ctx, "max_model_len"):
                 flags = flags.set(MML, str(doubled))
                 changes.append(Change(MML, current.get(MML), str(doubled),
                                       f"about {doubled} tokens fit with fp8 KV"))
             return Relaunch(flags, tuple(changes), changes[0].why, step="kv_cache_fp8")
     # Still below the floor: free memory for the KV cache (eager mode, a smaller batch) first.
-    for step in ("enforce_eager", "max_num_batched_tokens"):
+    # Eager mode frees nothing for it where vLLM captures CUDA graphs after sizing it (before 0.20).
+    steps = ("max_num_batched_tokens",) if _graphs_outside_budget(current, ctx) else (
+        "enforce_eager", "max_num_batched_tokens")
+    for step in steps:
         if f"kv_small:{step}" in ctx.tried:
             continue
         freed = _no_kv_step(step, d, current, ctx)
@@ -221,6 +230,26 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
         + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),
         EX_TEMPFAIL, ADVICE)
+
+
+def _v0_chunked(fit: int, length: int | None, d: Diagnosis, current: Flags, ctx: Context) -> tuple[int, Change] | None:
+    """V0 profiled the whole context at once (up to 32768 tokens): with chunked prefill the profile
+    frees activation memory for the KV cache. The tokens the KV cache then holds (estimated, the
+    margin held back) and the change; None where it does not apply or the model is unknown."""
+    version = _version(d, ctx)
+    if (ctx.sizing is None or not length or not vllm.known_v0(version) or length > vllm.V0_AUTO_CHUNK_ABOVE
+            or current.has(CHUNKED) or current.has(BATCHED)):
+        return None
+    chunk = vllm.v0_chunk_size(version)
+    gain = v0_chunked_gain_tokens(ctx.sizing.info, from_tokens=max(length, 2048), to_tokens=chunk,
+                                  tp=current.get_int(TENSOR_PARALLEL) or 1,
+                                  kv_cache_dtype=current.get(KV_DTYPE) or "auto", dtype=current.get("--dtype"),
+                                  seqs=current.get_int(SEQS) or _defaults(current, ctx)[1])
+    if gain <= 0:
+        return None
+    return fit + int(gain * (1.0 - ctx.rules.kv_margin)), Change(CHUNKED, None, "", (
+        f"vLLM V0 measured {fit} tokens while profiling all {length} at once; in chunks of {chunk} "
+        f"the profile frees room for about {gain} more (estimated, {ctx.rules.kv_margin:.0%} held back)"))
 
 
 def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Diagnosis, current: Flags,
@@ -236,22 +265,14 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     if ctx.sizing is None or not length:
         return None
     info = ctx.sizing.info
-    version = _version(d, ctx)
     tp = current.get_int(TENSOR_PARALLEL) or 1
     kv_dtype, dtype = current.get(KV_DTYPE) or "auto", current.get("--dtype")
     flags, changes, tokens = current, [], fit
-    if (vllm.known_v0(version) and length <= vllm.V0_AUTO_CHUNK_ABOVE and not current.has(CHUNKED)
-            and not current.has(BATCHED)):
-        chunk = vllm.v0_chunk_size(version)
-        gain = v0_chunked_gain_tokens(info, from_tokens=max(length, 2048), to_tokens=chunk, tp=tp,
-                                      kv_cache_dtype=kv_dtype, dtype=dtype,
-                                      seqs=current.get_int(SEQS) or _defaults(current, ctx)[1])
-        if gain > 0:
-            tokens = fit + int(gain * (1.0 - ctx.rules.kv_margin))
-            flags = flags.set(CHUNKED)
-            changes.append(Change(CHUNKED, None, "", (
-                f"vLLM V0 measured {fit} tokens while profiling all {length} at once; in chunks of {chunk} "
-                f"the profile frees room for about {gain} more (estimated, {ctx.rules.kv_margin:.0%} held back)")))
+    chunked = _v0_chunked(fit, length, d, current, ctx)
+    if chunked is not None:
+        tokens, change = chunked
+        flags = flags.set(CHUNKED)
+        changes.append(change)
     util = current.get_float(UTIL) or _num(d, "requested_utilization") or vllm.default_utilization(ctx.vllm_version)
     if (_graphs_outside_budget(current, ctx) and ctx.gpu_free_gib and ctx.gpu_total_gib
             and _allowed(ctx, "gpu_memory_utilization")):

@@ -212,3 +212,30 @@ def test_kv_cache_allocation_oom_with_cuda_graphs_leaves_room_for_them():
     out = R.decide(d, flags, ctx(version, sizing(name, version), free=L4_TOTAL - 3.5, requested=flags))
     assert out.flags.get_float("--gpu-memory-utilization") < 0.81     # graphs are captured outside it
     assert serves(name, version, out.flags, other_gib=3.5).ok
+
+
+# -- below the floor on V0: the least degrading flags that reach it, in one relaunch ---------------
+def test_v0_below_the_floor_takes_fp8_with_chunked_prefill_in_one_relaunch():
+    version, name, asked = "0.6.6.post1", "Qwen2.5-32B-Instruct-AWQ", Flags.parse("--max-model-len 8192")
+    first = serves(name, version, asked)
+    fit = first.numbers["fit_max_model_len"]
+    assert first.kind == "kv_cache_insufficient" and 2 * fit < 2048      # fp8 alone would not reach the floor
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 8192, "fit_max_model_len": fit,
+                                                       "vllm_version": version})
+    out = R.decide(d, asked, ctx(version, sizing(name, version), requested=asked))
+    assert isinstance(out, R.Relaunch) and out.step == "kv_cache_fp8", out
+    assert out.flags.get("--kv-cache-dtype") == "fp8" and out.flags.enabled("--enable-chunked-prefill")
+    assert not out.flags.has("--enforce-eager")        # graphs are captured outside V0's budget: no gain
+    assert serves(name, version, out.flags).kind is None, serves(name, version, out.flags)
+
+
+@pytest.mark.parametrize("version", ["0.6.6.post1", "0.10.1.1"])
+def test_before_0_20_eager_mode_is_not_a_way_to_a_bigger_kv_cache(version):
+    """vLLM sizes the KV cache before it captures CUDA graphs there: eager mode leaves it as it was."""
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 8192, "fit_max_model_len": 600,
+                                                       "vllm_version": version})
+    flags = Flags.parse("--max-model-len 8192 --kv-cache-dtype fp8")
+    out = R.decide(d, flags, ctx(version, None, requested=flags))
+    assert isinstance(out, R.Relaunch) and out.step == "kv_small:max_num_batched_tokens", out
+    newer = R.decide(d, flags, ctx("0.32.0", None, requested=flags))
+    assert isinstance(newer, R.Relaunch) and newer.step == "kv_small:enforce_eager", newer

@@ -112,7 +112,8 @@ def test_the_status_shows_the_kv_capacity_vllm_measured(noplan: GuardProc) -> No
     assert s["launches"][1]["measured"]["kv_cache_tokens"] == tokens, s["launches"][1]["measured"]
     # vLLM 0.32 holds one block back (its null block): the longest context that fits is one block less.
     assert s["context"]["fit"] == tokens - BLOCK and s["context"]["served"] == served, s["context"]
-    assert s["context"]["text"] == f"context served {served} of {tokens - BLOCK} that fit", s["context"]
+    # the model's own context (131072) was asked for: the cut is named
+    assert s["context"]["text"] == f"context served {served} of {tokens - BLOCK} that fit (131072 asked)", s["context"]
 
 
 def test_killed_engine_core_is_relaunched_with_the_same_flags(noplan: GuardProc) -> None:

@@ -170,9 +170,9 @@ least 95% of the context that fits. {len(missed)} misses:
   safe KV, its estimate less the family's error band (at least 3%, `[plan] margin`), so where the
   KV cache is small next to the band (a busy or small GPU) it keeps 90-95% of what fits; it adds
   fp8 KV or eager mode only where even the band's upper end says the floor needs them, which can
-  cost one relaunch instead (the 70B TP2 cases on 2x L4). Without the plan, V0's 32B-AWQ at 8k on
-  an L4 takes 4 launches: vLLM's figure, doubled, is still below the floor, so the remedy ladder
-  frees memory (eager mode, chunked prefill) before it tries fp8 KV. From 0.14 it passes `--max-model-len
+  cost one relaunch instead (the 70B TP2 cases on 2x L4). What is held back is not lost for good:
+  the length vLLM then measured room for is what the guard remembers for the next start on that
+  host, and its measured overhead replaces the estimate there. From 0.14 it passes `--max-model-len
   auto` where its length is an estimate, so vLLM sizes the length to the KV cache it measured (the
   guard holds it between the floor and the length asked; a choice above the request is stopped and
   the request pinned, one more launch). The emulator's auto-fit is vLLM's own estimate formula, so

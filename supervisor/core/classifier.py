@@ -110,6 +110,7 @@ class Classifier:
         self._pydantic = False       # the last verdict line was pydantic's "N validation error for X"
         self._last_exc = ""          # the first exception no rule names (evidence for wrappers)
         self._exc_after_wrapper = ""
+        self._exc_phase = ""         # where that exception happened (its frames, else the milestone)
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
         self._from_vllm = False      # a log header, a milestone or a traceback was seen
         self._pending: tuple[str, int, int | None, bool] | None = None   # a wrapped record being re-joined
@@ -151,6 +152,7 @@ class Classifier:
             if prio <= _WRAPPER and (self._last_exc or self._exc_after_wrapper):
                 # a wrapper ("Engine core initialization failed") around a root cause no rule names
                 kind, evidence = Kind.UNKNOWN_FAILURE, self._last_exc or self._exc_after_wrapper
+                phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
             elif kind in _OOM_KINDS and placed == "milestone" and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
             numbers = {**self._numbers, **nums}
@@ -495,8 +497,10 @@ class Classifier:
         if self._best is None:
             if not self._last_exc:
                 self._last_exc = text[:_KEEP]    # the first: the root cause, before the wrappers' echoes
+                self._exc_phase = self._place()
         elif not self._exc_after_wrapper:
             self._exc_after_wrapper = text[:_KEEP]
+            self._exc_phase = self._exc_phase or self._place()
 
     def _in_capture(self) -> bool:
         if self._serving:

@@ -470,10 +470,13 @@ def _tb(*frames: str, path: str = f"{_S}/v1/worker/gpu_model_runner.py") -> list
     return ["Traceback (most recent call last):"] + [_frame(f, path) for f in frames]
 
 
-def test_an_error_with_a_traceback_no_rule_names_is_an_unknown_failure() -> None:
+@pytest.mark.parametrize("before", [
+    ["(EngineCore_DP0 pid=7) INFO 09-20 10:00:00 [gpu_model_runner.py:1] Model loading took 14.25 GiB and 4.1 seconds"],
+    ["INFO 09-20 10:00:00 [api_server.py:1] vLLM API server version 0.8.5"],    # a paste from the banner on
+], ids=["after loading", "no milestone since the banner"])
+def test_an_error_with_a_traceback_no_rule_names_is_an_unknown_failure(before: list[str]) -> None:
     e = "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:01 [core.py:718] "
-    lines = ["(EngineCore_DP0 pid=7) INFO 09-20 10:00:00 [gpu_model_runner.py:1] Model loading took 14.25 GiB and 4.1 seconds",
-             e + "EngineCore failed to start."] + [e + x for x in _tb("determine_available_memory", "profile_run")] + [
+    lines = [*before, e + "EngineCore failed to start."] + [e + x for x in _tb("determine_available_memory", "profile_run")] + [
              e + "KeyError: 'model.layers.0.mlp.experts.w13_weight'",
              "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
     got = classify(lines)      # a pasted log: no exit code

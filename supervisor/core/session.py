@@ -108,6 +108,7 @@ class Outcome:
     was_healthy: bool = False
     healthy_for: float = 0.0                   # seconds it served before it ended
     exit_code: int | None = None               # the process's own status (-N: killed by signal N)
+    stopped: bool = False                      # the guard stopped it (after its failure, a hang, a request)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from supervisor.config import GuardConfig
@@ -145,7 +145,7 @@ class Watcher:
                     end = STOPPED if cmd == "stop" else (RESET if args.get("reset") else RESTART)
                     code = await self.child.stop(t.stop_grace, self.hurry)
                     return self._result(end, Diagnosis(Kind.HEALTHY, detail=f"{cmd} requested"),
-                                        healthy_at, started, code)
+                                        healthy_at, started, code, stopped=True)
                 # -- the process exited (any code: vLLM exits 0 after its engine dies) --
                 if exit_task.done():
                     code = exit_task.result()
@@ -158,7 +158,7 @@ class Watcher:
                 if self.fatal_at is not None and now >= self.fatal_at + t.collect_after_fatal \
                         and (healthy_at is None or self._lost):
                     code = await self.child.stop(t.stop_grace, self.hurry)
-                    return self._ended(code, healthy_at, started, "fatal error")
+                    return replace(self._ended(code, healthy_at, started, "fatal error"), stopped=True)
                 # -- probes: one at a time, never blocking this loop --
                 if probe_task is not None and probe_task.done():
                     r = probe_task.result()
@@ -182,7 +182,7 @@ class Watcher:
                                 evidence=f"{failures} health probes failed in a row: {r.error}",
                                 phase="serving",
                                 detail="vLLM is alive but does not answer (hung)")
-                            return Outcome(DIED, d, True, time.monotonic() - healthy_at, code)
+                            return Outcome(DIED, d, True, time.monotonic() - healthy_at, code, stopped=True)
                     next_probe = time.monotonic() + (
                         t.health_interval if healthy_at is not None else t.startup_probe_interval)
                 if healthy_at is not None and self.fatal_at is not None and not self._probed_fatal:
@@ -203,12 +203,12 @@ class Watcher:
                 if healthy_at is None:
                     if now - started > t.startup_timeout:
                         code = await self.child.stop(t.stop_grace, self.hurry)
-                        return self._timeout(code, started,
-                                             f"not healthy within {t.startup_timeout:g} s")
+                        return replace(self._timeout(code, started, f"not healthy within {t.startup_timeout:g} s"),
+                                       stopped=True)
                     if now - self.last_output > t.stall_timeout:
                         code = await self.child.stop(t.stop_grace, self.hurry)
-                        return self._timeout(code, started,
-                                             f"no output for {t.stall_timeout:g} s while starting")
+                        why = f"no output for {t.stall_timeout:g} s while starting"
+                        return replace(self._timeout(code, started, why), stopped=True)
                 waits = [exit_task, nudge_task, control_task]
                 if probe_task is not None:
                     waits.append(probe_task)
@@ -265,6 +265,6 @@ class Watcher:
         return Outcome(FAILED, d, False, 0.0, code)
 
     def _result(self, end: str, d: Diagnosis, healthy_at: float | None, started: float,
-                code: int | None) -> Outcome:
+                code: int | None, stopped: bool = False) -> Outcome:
         healthy_for = time.monotonic() - healthy_at if healthy_at is not None else 0.0
-        return Outcome(end, d, healthy_at is not None, healthy_for, code)
+        return Outcome(end, d, healthy_at is not None, healthy_for, code, stopped)

@@ -68,6 +68,8 @@ class Report:
         d, record = outcome.diagnosis, self.history.current
         n = record["n"] if record else 0
         exit_text = describe(outcome.exit_code) if outcome.exit_code is not None else ""
+        if exit_text and outcome.stopped:
+            exit_text = f"stopped by the guard ({exit_text})"
         self.healthy_since = None
         if outcome.end in (FAILED, DIED):
             how = "died" if outcome.end == DIED else "failed"

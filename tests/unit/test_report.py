@@ -139,3 +139,17 @@ def test_context_text_names_a_cut():
     assert context_text({"served": 29936, "requested": 131072, "fit": 29952})["text"] == (
         "context served 29936 of 29952 that fit (131072 asked)")
     assert context_text({"served": None, "requested": None, "fit": None})["text"] == "context served: vLLM's default"
+
+
+def test_an_exit_the_guard_caused_is_not_told_as_vllms_own(tmp_path):
+    """vLLM's API server exits by SIGINT when the guard stops it after a fatal line (real 0.32)."""
+    stopped = Outcome(FAILED, Diagnosis(Kind.KV_CACHE_INSUFFICIENT, KV_LINE, phase="kv_cache"), exit_code=-2,
+                      stopped=True)
+
+    def events(r: Report) -> None:
+        r.launching(1, ["vllm", "serve", "org/m"], {})
+        r.ended(stopped, {})
+
+    logs, _, report = told(tmp_path, events)
+    assert logs[-1]["exit"] == "stopped by the guard (vLLM was killed by SIGINT)"
+    assert report.history.records[0]["exit"] == "stopped by the guard (vLLM was killed by SIGINT)"

@@ -227,7 +227,7 @@ def _probe(snap: Mapping[str, Any]) -> str:
 
 
 def render_human(snap: Mapping[str, Any]) -> str:
-    """The compact view of a /status document: state, model, pid, uptime, launches, flags, probe."""
+    """The compact view of a /status document: state, model, pid, uptime, launches, probe, context, flags."""
     launches = snap.get("launches") or []
     rows = [
         ("state", str(snap.get("state", "?"))),
@@ -238,6 +238,9 @@ def render_human(snap: Mapping[str, Any]) -> str:
         ("launches", str(len(launches)) + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
         ("probe", _probe(snap)),
     ]
+    context = snap.get("context")
+    if isinstance(context, Mapping) and context.get("text"):
+        rows.append(("context", str(context["text"]).removeprefix("context ")))
     last = launches[-1] if launches and isinstance(launches[-1], Mapping) else None
     if last and last.get("kind"):
         rows.append(("last exit", f"{last.get('outcome', '?')}: {last['kind']}"))

@@ -232,6 +232,13 @@ def test_render_human_tolerates_a_sparse_snapshot():
     assert "flags      as asked" in text and "probe      none yet" in text
 
 
+def test_render_human_says_the_context_served_of_what_fit():
+    text = cli_client.render_human({"state": "healthy", "context": {
+        "served": 65408, "requested": 131072, "fit": 65408, "text": "context served 65408 of 65408 that fit (131072 asked)"}})
+    assert "context    served 65408 of 65408 that fit (131072 asked)" in text.splitlines()
+    assert "context" not in cli_client.render_human({"state": "planning", "context": None})
+
+
 def test_guard_without_an_endpoint_yet(tmp_path):
     (tmp_path / "guard.json").write_text(json.dumps({"pid": os.getpid(), "started": 1.0}))
     code, _, err = run("status", "--state-dir", str(tmp_path))

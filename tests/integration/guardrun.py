@@ -18,6 +18,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakes" / "fake_vllm.py"
 MARKER = "VLLMGUARD_LAUNCH"
+#: The fake vLLM's Llama-3.1-8B (its scenario's "model"): real config.json figures, weights as loaded.
+LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
+           "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
 
 
 def free_port() -> int:

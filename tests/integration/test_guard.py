@@ -13,28 +13,12 @@ import time
 import psutil
 import pytest
 
-from guardrun import ROOT, GuardRun, argv_flag, marked
+from guardrun import LLAMA8B, ROOT, argv_flag, marked
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes"))
 import emulator as emu  # noqa: E402
 
-LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
-           "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
 REAL = ROOT / "tests" / "fixtures" / "logs" / "real-0.32"
-
-
-@pytest.fixture
-def run(tmp_path):
-    runs: list[GuardRun] = []
-
-    def make(*args, **kw) -> GuardRun:
-        g = GuardRun(tmp_path, *args, **kw).start()
-        runs.append(g)
-        return g
-
-    yield make
-    for g in runs:
-        g.close()
 
 
 def true_fit(version: str, flags: dict | None = None, gpu: dict | None = None) -> int:

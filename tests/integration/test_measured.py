@@ -20,13 +20,9 @@ from supervisor.facts.model_files import load_model_info
 from supervisor.shell.guard import Guard
 from supervisor.shell.statedir import MEASURED_PREFIX
 from tests.fakes.gpu import FakeProvider
-from tests.integration.guardrun import argv_flag, free_port
+from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE = ROOT / "tests" / "fakes" / "fake_vllm.py"
 MODEL = ROOT / "tests" / "fixtures" / "models" / "Llama-3.1-8B-Instruct"
-LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
-           "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
 GiB = 1 << 30
 # This host's vLLM needs less activation memory than the plan's estimate (0.2 GiB: a small batch).
 SCENARIO = {"version": "0.11.0", "model": LLAMA8B, "activation_gib": 0.2}

@@ -21,12 +21,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from guardrun import ROOT, GuardRun, free_port
+from guardrun import LLAMA8B, ROOT, GuardRun, free_port
 
 RULES = ROOT / "configs" / "monitoring" / "vllm-guard-alerts.yaml"
 DASHBOARD = ROOT / "configs" / "monitoring" / "vllm-guard-dashboard.json"
-LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
-           "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
 
 
 def _tool(name: str) -> str:

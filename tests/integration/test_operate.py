@@ -21,24 +21,8 @@ import httpx
 import psutil
 import pytest
 
-from guardrun import FAKE, ROOT, GuardRun, argv_flag, free_port, marked
+from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port, marked
 
-LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
-           "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
-
-
-@pytest.fixture
-def run(tmp_path):
-    runs: list[GuardRun] = []
-
-    def make(*args, **kw) -> GuardRun:
-        g = GuardRun(tmp_path, *args, **kw).start()
-        runs.append(g)
-        return g
-
-    yield make
-    for g in runs:
-        g.close()
 
 
 class Hook(http.server.BaseHTTPRequestHandler):

@@ -352,27 +352,36 @@ def _from_text(key: str, text: str, where: str) -> Any:
     return _check(key, value, where)
 
 
+def read_user_file(path: str, what: str, limit: int, limit_text: str,
+                   error: type[ConfigError] = ConfigError) -> bytes:
+    """The bytes of a file the user named (``what``: "config file", "token file" ...): a regular file
+    of at most ``limit`` bytes, read bounded (``/dev/zero``, a FIFO or a log file is refused, never read
+    to the end); else ``error`` naming the file and the reason."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before it can be refused
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise error(f"{what} {path} is not a regular file")
+            raw = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror}") from None
+    if len(raw) > limit:
+        raise error(f"{what} {path} is larger than {limit_text}")
+    return raw
+
+
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML config: a flat ``{"health.interval": 5.0, ...}`` of checked values."""
     path = str(path)
+    raw = read_user_file(path, "config file", MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES >> 10} KiB")
     try:
-        with open(path, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise ConfigError(f"config file {path} is not a regular file")
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 10} KiB")
         data = tomllib.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): a TOML file must be") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory") from None
     flat: dict[str, Any] = {}
     for name, value in data.items():
         if name in _SECTIONS:
@@ -520,16 +529,9 @@ def _vllm_config_file(vllm_args: tuple[str, ...]) -> tuple[str, ...]:
         return ()
     if not path.endswith((".yaml", ".yml")):
         raise ConfigError(f"vLLM's --config {path}: vLLM reads only .yaml/.yml files")
+    raw = read_user_file(path, "vLLM's --config file", MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES >> 10} KiB")
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"vLLM's --config {path} is larger than {MAX_CONFIG_BYTES >> 10} KiB")
         data = yaml.safe_load(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"vLLM's --config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read vLLM's --config file {path}: {exc.strerror}") from None
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"vLLM's --config file {path} is not valid YAML: {exc}") from None
     if data is None:

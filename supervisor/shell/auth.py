@@ -14,14 +14,13 @@ import ipaddress
 import os
 import re
 import secrets
-import stat
 import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import structlog
 
-from supervisor.config import ConfigError
+from supervisor.config import ConfigError, read_user_file
 
 log = structlog.get_logger("vllm_guard.auth")
 
@@ -56,17 +55,8 @@ MAX_TOKEN_FILE = 4096      # a token file is a line; /dev/zero or a log file is 
 
 
 def _read_token(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise TokenError(f"token file {path} is not a regular file")
-            raw = f.read(MAX_TOKEN_FILE + 1)
-    except FileNotFoundError:
-        raise TokenError(f"token file {path} does not exist") from None
-    except OSError as exc:
-        raise TokenError(f"cannot read token file {path}: {exc.strerror}") from None
-    if len(raw) > MAX_TOKEN_FILE:
-        raise TokenError(f"token file {path} is larger than {MAX_TOKEN_FILE} bytes; it should hold one token")
+    raw = read_user_file(path, "token file", MAX_TOKEN_FILE, f"{MAX_TOKEN_FILE} bytes; it should hold one token",
+                         TokenError)
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:

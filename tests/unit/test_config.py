@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,10 @@ def test_the_readme_lists_every_setting_as_a_variable():
     readme = (ROOT / "README.md").read_text()
     missing = [config.env_name(key) for key in config.SPECS if f"`{config.env_name(key)}`" not in readme]
     assert missing == []
+
+
+def test_vllms_config_yaml_that_is_not_a_regular_file_is_refused_not_read(tmp_path):
+    fifo = tmp_path / "vllm.yaml"
+    os.mkfifo(fifo)                      # reading it would wait for a writer for ever
+    with pytest.raises(config.ConfigError, match="not a regular file"):
+        config.resolve(_ns(vllm_args=["m", "--config", str(fifo)]), {"HOME": str(tmp_path)})

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import structlog
 
 from supervisor.shell import auth
-from supervisor.shell.statedir import StateError, append_line, safe_open_read
+from supervisor.shell.statedir import append_line, read_lines
 
 log = structlog.get_logger("vllm-guard")
 
@@ -109,21 +109,14 @@ def _measured(numbers: dict[str, Any]) -> dict[str, Any]:
 def read(state_dir: str) -> Iterator[dict[str, Any]]:
     """Every launch recorded in ``state_dir``, oldest first, the last record of each (bad lines skipped)."""
     latest: dict[tuple[Any, Any], dict[str, Any]] = {}
-    base = Path(state_dir) / HISTORY_FILE
-    for path in (base.with_name(HISTORY_FILE + ".1"), base):
+    for raw in read_lines(Path(state_dir) / HISTORY_FILE):
         try:
-            f = safe_open_read(path)
-        except (FileNotFoundError, StateError):
-            continue              # absent, or not a file to trust (a planted link): nothing to read
-        with f:
-            for raw in f:
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    continue            # a torn or corrupt line: the rest still count
-                if isinstance(record, dict):
-                    latest.pop((record.get("run"), record.get("n")), None)
-                    latest[(record.get("run"), record.get("n"))] = record
+            record = json.loads(raw)
+        except ValueError:
+            continue            # a torn or corrupt line: the rest still count
+        if isinstance(record, dict):
+            latest.pop((record.get("run"), record.get("n")), None)
+            latest[(record.get("run"), record.get("n"))] = record
     yield from latest.values()
 
 

@@ -10,6 +10,7 @@ whose reader died) is not an error: the line still reaches the ring file.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ from typing import IO, Any, Iterable, Iterator
 
 import structlog
 
-from supervisor.shell.statedir import StateError, append_line, safe_open_read
+from supervisor.shell.statedir import StateError, append_line, read_lines, safe_open_read
 
 LOG_FILE = "vllm.log"
 MAX_BYTES = 8 << 20            # per file; with the previous generation, at most 16 MiB
@@ -79,22 +80,7 @@ def passthrough(line: bytes, stream: str) -> None:
 
 def tail(state_dir: str, n: int) -> list[bytes]:
     """The last ``n`` lines kept in ``state_dir`` (both generations), oldest first."""
-    lines: list[bytes] = []
-    base = Path(state_dir) / LOG_FILE
-    for path in (base.with_name(LOG_FILE + ".1"), base):
-        lines.extend(_lines(path))
-        del lines[:max(0, len(lines) - n)]
-    return lines
-
-
-def _lines(path: Path) -> Iterator[bytes]:
-    try:
-        f = safe_open_read(path)
-    except (FileNotFoundError, StateError):
-        return
-    with f:
-        for raw in f:
-            yield raw.rstrip(b"\r\n")
+    return list(collections.deque(read_lines(Path(state_dir) / LOG_FILE), maxlen=max(0, n)))
 
 
 def follow(state_dir: str, poll: float = 0.5) -> Iterator[bytes]:

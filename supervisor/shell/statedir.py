@@ -257,6 +257,20 @@ def append_line(path: str | Path, line: str | bytes, *, max_bytes: int) -> None:
             os.close(fd)
 
 
+def read_lines(path: str | Path) -> Iterator[bytes]:
+    """The lines :func:`append_line` kept at ``path``, both generations, oldest first, without their
+    line ends; a generation that is absent or not a file to trust (a planted link) reads as empty."""
+    path = Path(path)
+    for generation in (path.with_name(path.name + ".1"), path):
+        try:
+            f = safe_open_read(generation)
+        except (FileNotFoundError, StateError):
+            continue
+        with f:
+            for raw in f:
+                yield raw.rstrip(b"\r\n")
+
+
 # --- one guard per state dir ---------------------------------------------------------------
 
 

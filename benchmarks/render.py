@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from supervisor.shell.child import LineSplitter
+from supervisor.core.vllm_text import LineSplitter
 from supervisor.core.flags import Flags
 
 _FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fakes")

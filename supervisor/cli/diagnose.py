@@ -15,7 +15,7 @@ import json
 import math
 import random
 import sys
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from supervisor.config import GuardConfig, PlanConfig
 from supervisor.core.classifier import Classifier
@@ -23,11 +23,11 @@ from supervisor.core.diagnosis import Diagnosis
 from supervisor.core.flags import Flags
 from supervisor.core.model import ModelInfo
 from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
+from supervisor.core.vllm_text import LineSplitter
 from supervisor.errors import EX_OK, EX_USAGE
 from supervisor.facts.model_files import load_model_info
 
 _CHUNK = 1 << 20        # read 1 MiB at a time
-_MAX_LINE = 4 << 20     # a "line" with no newline in 4 MiB is handed over as it is
 
 
 def add_parser(subparsers: Any) -> None:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     model = _model(getattr(args, "model", None))
     for name in args.files:
         try:
-            diagnosis = _diagnose_file(name, getattr(args, "exit_code", None))
+            diagnosis, classifier = _diagnose_file(name, getattr(args, "exit_code", None))
         except OSError as e:
             print(f"vllm-guard diagnose: {name}: {e.strerror or e}", file=sys.stderr)
             status = EX_USAGE
@@ -78,35 +78,28 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _diagnose_file(name: str, exit_code: int | None) -> Diagnosis:
+def _diagnose_file(name: str, exit_code: int | None) -> tuple[Diagnosis, Classifier]:
     classifier = Classifier()
     if name == "-":
-        for line in _lines(sys.stdin.buffer):
-            classifier.feed(line)
+        _read(sys.stdin.buffer, classifier)
     else:
         with open(name, "rb") as stream:
-            for line in _lines(stream):
-                classifier.feed(line)
-    return classifier.diagnose(exit_code)
+            _read(stream, classifier)
+    return classifier.diagnose(exit_code), classifier
 
 
-def _lines(stream: IO[bytes]) -> Iterator[bytes]:
-    """Lines of a byte stream in bounded memory (``\\r`` stays in; the classifier splits on it)."""
-    rest = b""
+def _read(stream: IO[bytes], classifier: Classifier) -> None:
+    """Feed a byte stream to the classifier as the daemon feeds a pipe: the same splitter, the same
+    bounded lines (a line is cut at ``vllm_text.MAX_LINE`` and the rest of it dropped)."""
+    splitter = LineSplitter()
     while True:
         chunk = stream.read(_CHUNK)
         if not chunk:
             break
-        rest += chunk
-        *lines, rest = rest.split(b"\n")
-        for line in lines:
-            for start in range(0, max(len(line), 1), _MAX_LINE):
-                yield line[start:start + _MAX_LINE]
-        while len(rest) > _MAX_LINE:
-            yield rest[:_MAX_LINE]
-            rest = rest[_MAX_LINE:]
-    if rest:
-        yield rest
+        for line in splitter.feed(chunk):
+            classifier.feed(line)
+    for line in splitter.close():
+        classifier.feed(line)
 
 
 def _model(name: str | None) -> ModelInfo | None:

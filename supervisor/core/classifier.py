@@ -31,56 +31,39 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, STOP_PREFIXES, _CAPTURE, _CUDA, _FATAL,
-                                      _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS, _MILESTONE_PREFIXES,
-                                      _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS, _WARN_RULES,
-                                      _WEAK_FRAMES, _info_numbers)
+from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, STOP_PREFIXES, VOCABULARY,
+                                      _CAPTURE, _CUDA, _FATAL, _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS,
+                                      _MILESTONE_PREFIXES, _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS,
+                                      _WARN_RULES, _WEAK_FRAMES, _info_numbers)
+from supervisor.core.vllm_text import EXCEPTION_LINE as _EXC
+from supervisor.core.vllm_text import Level, Normalizer, Record, normalize
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 _KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 1 MB lines
 _EVIDENCE = 500       # evidence is trimmed to this many characters
-_JOIN_CAP = 8000      # a re-assembled wrapped record never grows past this
-_WRAP_WIDTH = 80      # terminal width of the hard-wrapped pastes we re-join
 _WRAPPER = 10         # the priority of rules that only say "see the root cause above"
 
-_INFO, _WARN, _ERROR, _RAW = 0, 1, 2, 3
-_LEVELS = {"DEBUG": _INFO, "INFO": _INFO, "WARNING": _WARN, "WARN": _WARN,
-           "ERROR": _ERROR, "CRITICAL": _ERROR}
-
-# Real ESC sequences, caret-notation pastes (``^[[0;36m``) and pastes that lost the ESC byte.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m|\x1b")
-_ANSI_HINT = ("\x1b", "^[", "m(", "[0", "[1", "[3")
-# Anything in front of the record: docker compose service, ISO timestamps, process and rank tags.
-_LEAD = re.compile(
-    r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+(?:, ip=[^)]*)?\)"
-    r"|\[rank(?P<rank>\d+)\]:"
-    r"|\[(?P<glog>[IWEF])(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]"
-    r"|[A-Za-z0-9][\w.-]*\s+\|(?=\s|$)"
-    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: std(?:out|err) [FP](?= ))?"
-    r")\s?"
-)
-_HEADER = re.compile(
-    r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\])\s?"
-    r"|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+"
-)
-_RANK = re.compile(r"(?:rank=|TP|rank)(\d+)")
-# Where to cut a log that was pasted with its line breaks lost.
-_SPLIT = re.compile(
-    r"(?<=\S)\s++(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
-    r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
-    r"|File \"|\[[IWEF](?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]|Killed$)"
-)
-_EOL = re.compile(r"[\r\n]+")
+_INFO, _WARN, _ERROR, _RAW = Level.INFO, Level.WARN, Level.ERROR, Level.RAW
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+,? in ([\w<>.]+)')   # faulthandler writes no comma
 _ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["'](\w+)["']""")
-_EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
 _METHOD = re.compile(r"(?:Error executing method|while processing method) '?(\w+)")
-_RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
+
+
+class Verdict(NamedTuple):
+    """The verdict so far: the line that decided it and what it says."""
+
+    prio: int
+    kind: Any             # a Kind, or one of messages' placeholders resolved by where it happened
+    evidence: str
+    numbers: dict[str, Any]
+    phase: str
+    placed: str = ""      # what placed an OOM: "message", "serving", "frames", "milestone"
+    provisional: bool = False   # vLLM only warned and may recover (a placement group Ray has not provided yet)
+
 
 class Classifier:
     """Streaming classifier: feed it output lines, ask it for the verdict at any time."""
@@ -91,10 +74,7 @@ class Classifier:
         self._serving = False
         self._capture_done = False   # "Graph capturing finished": a later capture line is another launch's
         self._numbers: dict[str, Any] = {}
-        # the verdict so far: (priority, kind, evidence, numbers, phase, placed, provisional); `placed` says
-        # what placed an OOM ("message", "serving", "frames", "milestone"), `provisional` a verdict
-        # vLLM only warned about and may recover from (a placement group Ray has not provided yet)
-        self._best: tuple[int, Kind, str, dict[str, Any], str, str, bool] | None = None
+        self._best: Verdict | None = None
         self._announced = False
         self._terminated = False     # a KeyboardInterrupt: our own SIGTERM during start-up
         self._stopping = False       # the API server said it got a stop signal: what follows is its echo
@@ -113,10 +93,9 @@ class Classifier:
         self._exc_phase = ""         # where that exception happened (its frames, else the milestone)
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
         self._from_vllm = False      # a log header, a milestone or a traceback was seen
-        self._pending: tuple[str, int, int | None, bool] | None = None   # a wrapped record being re-joined
-        self._prev_width = 0
-        self._near_width = 0         # lines 70-80 columns wide: with none longer, the log was wrapped
-        self._long_seen = False
+        self._text = Normalizer(VOCABULARY)   # the one normalisation of vLLM's text
+        self.feed_errors = 0         # lines whose reading raised (a bug in a rule): counted, never raised
+        self.last_feed_error = ""
 
     # ------------------------------------------------------------------ public
     @property
@@ -134,20 +113,38 @@ class Classifier:
         """Numbers stated so far by milestone and configuration lines."""
         return _public(dict(self._numbers))
 
+    @property
+    def carrier(self) -> str | None:
+        """The carrier the log's lines came through (``journald``, ``compose``, ...), None for vLLM's own."""
+        return self._text.carrier
+
+    @property
+    def text(self) -> Normalizer:
+        """The normalisation stage (carriers seen, wrap width, order)."""
+        return self._text
+
     def feed(self, line: str | bytes) -> Diagnosis | None:
         """Take one line of output; return the verdict the first time a fatal line shows up."""
         try:
-            return self._feed(line)
-        except Exception:  # noqa: BLE001 - a log line must never take the daemon down
+            return self._feed(self._text.feed(line))
+        except Exception as e:  # noqa: BLE001 - a log line must never take the daemon down
+            self._failed(e)
             return None
 
     def diagnose(self, exit_code: int | None = None) -> Diagnosis:
         """The final verdict over everything seen; ``exit_code`` None means still running."""
-        self._flush()
+        try:
+            self._feed(self._text.flush())
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
         return self._verdict(exit_code)
 
+    def _failed(self, e: Exception) -> None:
+        self.feed_errors += 1
+        self.last_feed_error = f"{type(e).__name__}: {e}"[:200]
+
     def _verdict(self, exit_code: int | None) -> Diagnosis:
-        if self._best is not None and not (self._terminated and self._best[0] < 25):
+        if self._best is not None and not (self._terminated and self._best.prio < 25):
             prio, kind, evidence, nums, phase, placed, _ = self._best
             if prio <= _WRAPPER and (self._last_exc or self._exc_after_wrapper):
                 # a wrapper ("Engine core initialization failed") around a root cause no rule names
@@ -192,95 +189,17 @@ class Classifier:
                          f"The start-up stops at '{self.phase}' before serving, with no failure in it.")
 
     # ------------------------------------------------------------------ internals
-    def _feed(self, line: str | bytes) -> Diagnosis | None:
-        if isinstance(line, (bytes, bytearray)):
-            line = bytes(line).decode("utf-8", "replace")
-        elif not isinstance(line, str):
-            line = str(line)
-        if "\x00" in line:
-            line = line.replace("\x00", "")
+    def _feed(self, records: list[Record]) -> Diagnosis | None:
         before = self._best
-        if line[-1:] == "\n":
-            line = line.rstrip("\r\n")
-        if "\r" in line or "\n" in line:
-            for seg in _EOL.split(line):
-                if seg:
-                    self._physical(seg)
-        elif line:
-            self._physical(line)
+        for text, level, rank, proc, pasted in records:
+            self.lines.append(text[:_KEEP])
+            if level != _RAW:
+                self._from_vllm = True
+            self._line(text, level, rank, pasted)
         if self._best is not before and self._best is not None and not self._announced:
             self._announced = True
             return self._verdict(None)
         return None
-
-    def _physical(self, seg: str) -> None:
-        if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
-            seg = _ANSI.sub("", seg)
-        if len(seg) > 400 and _SPLIT.search(seg, 1):
-            # A log pasted with its line breaks lost: cut it back into records, keeping each
-            # process tag or log header together with the message that follows it.
-            pieces: list[str] = []
-            carry = ""
-            for piece in _SPLIT.split(seg):
-                if not piece:
-                    continue
-                if len(carry) < 256 and not _strip(carry + piece)[0].strip():
-                    carry += piece + " "
-                    continue
-                pieces.append(carry + piece)
-                carry = ""
-            if carry:
-                pieces.append(carry)
-            if len(pieces) > 1:
-                for piece in pieces:
-                    self._one(piece, pasted=True)
-                return
-        self._one(seg)
-
-    def _one(self, seg: str, pasted: bool = False) -> None:
-        width = len(seg)
-        text, level, rank = _strip(seg)
-        self.lines.append(text[:_KEEP])
-        if level != _RAW:
-            self._from_vllm = True
-        if width > _WRAP_WIDTH:
-            self._long_seen = True
-        elif width >= 70:
-            self._near_width += 1
-        # A log copied from an 80-column terminal: a header-less line after an 80-ish one
-        # continues the record. Once the log is known to be wrapped (no line ever longer, several
-        # close to the width) a record is classified only when whole; before that each piece is
-        # classified as it comes and the growing record again, so nothing waits on a live pipe.
-        maybe_wrapped = not self._long_seen
-        confirmed = maybe_wrapped and self._near_width >= 3
-        if self._pending is not None:
-            ptext, plevel, prank, done = self._pending
-            if (maybe_wrapped and level == _RAW and 60 <= self._prev_width <= _WRAP_WIDTH
-                    and not text.lstrip().startswith(_RECORD_STARTS)
-                    and (self._prev_width == _WRAP_WIDTH or not (_EXC.match(text) or ptext.startswith("    ")))):
-                joined = ptext + text if self._prev_width == _WRAP_WIDTH else ptext.rstrip() + " " + text.lstrip()
-                prank = prank if prank is not None else rank
-                self._pending = (joined[:_JOIN_CAP], plevel, prank, done and not confirmed)
-                if not confirmed:   # maybe a continuation, maybe a record of its own: read it both ways
-                    self._line(text, level, rank)
-                    self._line(self._pending[0], plevel, prank)
-                self._prev_width = width
-                return
-            self._flush()
-        if maybe_wrapped and 60 <= width <= _WRAP_WIDTH and not pasted:
-            self._pending = (text, level, rank, not confirmed)
-            if not confirmed:
-                self._line(text, level, rank)
-        else:
-            self._line(text, level, rank, pasted)
-        self._prev_width = width
-
-    def _flush(self) -> None:
-        if self._pending is not None:
-            text, level, rank, done = self._pending
-            self._pending = None
-            if not done:
-                self._line(text, level, rank)
 
     def _line(self, text: str, level: int, rank: int | None, pasted: bool = False) -> None:
         stripped = text.lstrip()
@@ -291,6 +210,7 @@ class Classifier:
                 rest = stripped[m.end():]
                 if len(rest) > 40 and ("Error" in rest or "Exception" in rest):   # a paste that lost its breaks
                     self._check(rest, level, rank)
+                    self._open_traceback = ""      # ... and the exception line that ends the traceback
             return
         elif stripped.startswith("Traceback (most recent call last)"):
             self._frame_phase, self._frame_strong, self._env_read = None, False, None
@@ -314,8 +234,8 @@ class Classifier:
         if self._pydantic and text.startswith("  ") and not text.startswith("    ") and self._best is not None:
             self._pydantic = False       # pydantic's detail line: the message its config class raised
             best = self._best
-            if "validation error for" in best[2] and len(best[2]) < _EVIDENCE:
-                self._best = (best[0], best[1], f"{best[2]}: {stripped}", *best[3:])
+            if "validation error for" in best.evidence and len(best.evidence) < _EVIDENCE:
+                self._best = best._replace(evidence=f"{best.evidence}: {stripped}")
         if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text or "engine (v" in text
                                 or "max_seq_len=" in text or "parallel_size" in text
                                 or (self._phase <= 1 and "version" in text)):
@@ -355,12 +275,12 @@ class Classifier:
         elif not weak or self._frame_phase is None:
             self._frame_phase, self._frame_strong = where, not weak
         best = self._best
-        if self._after_fatal and best is not None and best[1] is Kind.UNKNOWN_FAILURE and not self._serving:
+        if self._after_fatal and best is not None and best.kind is Kind.UNKNOWN_FAILURE and not self._serving:
             if where == "cudagraph":     # the interpreter died inside CUDA-graph capture
-                self._best = (best[0], Kind.OOM_CUDAGRAPH, best[2], best[3], "cudagraph", "frames", False)
+                self._best = best._replace(kind=Kind.OOM_CUDAGRAPH, phase="cudagraph", placed="frames", provisional=False)
                 self._after_fatal = False
             elif not weak:               # faulthandler's innermost frame of a known phase
-                self._best = (*best[:4], where, "frames", False)
+                self._best = best._replace(phase=where, placed="frames", provisional=False)
                 self._after_fatal = False
 
     def _raise_line(self, stripped: str, level: int, rank: int | None) -> None:
@@ -387,7 +307,7 @@ class Classifier:
                 if phase == "serving":
                     self._serving = True
                 self._frame_phase, self._frame_strong = None, False   # a new stage: the old traceback is done
-                if self._best is not None and self._best[6] and new >= _PHASE["loading"]:
+                if self._best is not None and self._best.provisional and new >= _PHASE["loading"]:
                     self._best, self._announced = None, False   # the placement group came after all
                 break
         else:
@@ -547,21 +467,21 @@ class Classifier:
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
                provisional: bool = False) -> None:
         best = self._best
-        if best is None or prio > best[0]:
-            self._best = (prio, kind, text, numbers, phase, placed, provisional)
-        elif best[1] in _OOM_KINDS and kind in _OOM_KINDS and prio == best[0]:
+        if best is None or prio > best.prio:
+            self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional)
+        elif best.kind in _OOM_KINDS and kind in _OOM_KINDS and prio == best.prio:
             # V0 logs str(e) before the traceback: a later copy with frames places it better.
-            merged = {**numbers, **best[3]}
-            if best[5] == "milestone" and placed in ("frames", "serving"):
-                self._best = (prio, kind, best[2], merged, phase, placed, False)
+            merged = {**numbers, **best.numbers}
+            if best.placed == "milestone" and placed in ("frames", "serving"):
+                self._best = Verdict(prio, kind, best.evidence, merged, phase, placed, False)
             else:
-                self._best = (prio, best[1], best[2], merged, best[4], best[5], False)
-        elif kind is best[1] and prio == best[0] and best[6] and not provisional:
+                self._best = best._replace(numbers=merged, provisional=False)
+        elif kind is best.kind and prio == best.prio and best.provisional and not provisional:
             # vLLM gave up waiting (a placement group it could not get): its own error says it best
-            merged = {k: v for k, v in {**best[3], **numbers}.items() if k != "grace_s"}
-            self._best = (prio, kind, text, merged, phase, placed, False)
-        elif kind is best[1] and prio == best[0] and len(numbers) > len(best[3]):
-            self._best = (prio, kind, best[2], {**numbers, **best[3]}, best[4], best[5], best[6] and provisional)
+            merged = {k: v for k, v in {**best.numbers, **numbers}.items() if k != "grace_s"}
+            self._best = Verdict(prio, kind, text, merged, phase, placed, False)
+        elif kind is best.kind and prio == best.prio and len(numbers) > len(best.numbers):
+            self._best = best._replace(numbers={**numbers, **best.numbers}, provisional=best.provisional and provisional)
 
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})
@@ -569,79 +489,6 @@ _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, 
 _OOM_RUNTIME_TEXT = ("Error in model execution", "MQEngineDeadError", "Engine loop is not running",
                      "EngineDeadError")
 _SOURCE = 20          # a `raise` source line of a traceback cut off before its exception line
-
-
-_FAST = re.compile(
-    r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+\) ?)?"
-    r"(?:(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
-)
-_RANK_OF: dict[str, int | None] = {}
-
-
-def _rank_of(proc: str) -> int | None:
-    """TP rank from a process tag such as ``Worker_TP1`` or ``VllmWorker rank=1`` (cached)."""
-    if proc not in _RANK_OF:
-        if len(_RANK_OF) > 4096:
-            _RANK_OF.clear()
-        m = _RANK.search(proc)
-        _RANK_OF[proc] = int(m.group(1)) if m else None
-    return _RANK_OF[proc]
-
-
-def _strip(seg: str) -> tuple[str, int, int | None]:
-    """Remove prefixes and the log header; return (message, level, TP rank or None)."""
-    m = _FAST.match(seg)   # the common case: one optional process tag, then a log header
-    if m:
-        proc = m.group("proc")
-        rank = _rank_of(proc) if proc else None
-        text = seg[m.end():]
-        if text[:1] == "(":   # 0.31+ puts the process tag inside the log format
-            m2 = _LEAD.match(text)
-            if m2 and m2.group("proc"):
-                rank = _rank_of(m2.group("proc"))
-                text = text[m2.end():]
-        return text, _LEVELS[m.group("lvl") or m.group("ulvl")], rank
-    text = seg
-    rank = None
-    level = _RAW
-    for _ in range(6):
-        c = text[:1]
-        if not (c == "(" or c == "[" or c.isdigit() or "|" in text[:64]):
-            break
-        m = _LEAD.match(text)
-        if not m or not m.group(0):
-            break
-        if m.group("rank"):
-            rank = int(m.group("rank"))
-        elif m.group("proc"):
-            rank = _rank_of(m.group("proc"))
-        elif m.group("glog"):
-            level = {"I": _INFO, "W": _WARN}.get(m.group("glog"), _ERROR)
-        text = text[m.end():]
-    c = text[:1]
-    if c in "DIWEC" or c.isdigit():
-        m = _HEADER.match(text)
-        if m:
-            lvl = m.group("lvl") or m.group("ulvl")
-            level = _LEVELS.get(lvl, _ERROR) if lvl else _RAW
-            text = text[m.end():]
-            if text[:1] == "(":
-                m = _LEAD.match(text)
-                if m and m.group("proc"):
-                    rank = _rank_of(m.group("proc"))
-                    text = text[m.end():]
-    return text, level, rank
-
-
-def normalize(line: str | bytes) -> str:
-    """The message of one log line: ANSI colour, ``\\r``, prefixes and log header removed."""
-    if isinstance(line, (bytes, bytearray)):
-        line = bytes(line).decode("utf-8", "replace")
-    line = line.replace("\x00", "").replace("\r", "").replace("\n", " ")
-    if any(h in line for h in _ANSI_HINT):
-        line = _ANSI.sub("", line)
-    return _strip(line)[0].strip()
 
 
 def classify(lines: Iterable[str | bytes], exit_code: int | None = None) -> Diagnosis:

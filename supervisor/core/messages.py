@@ -505,3 +505,25 @@ _FRAME_PHASE = {
 #: Frames that place a failure only when no frame above them in the traceback did.
 _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
     "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}
+
+#: Phrases as vLLM (and PyTorch, Python) case them: a line retyped in lower case gets their case back
+#: (``vllm_text.Recaser``) before the rules, written in vLLM's case, read it.
+VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
+    [k for rule in _RULES for k in rule[0]] + [k for rule in _WARN_RULES for k in rule[0]]
+    + [k for rule in _INFO_RULES for k in rule[0]] + [p for p, _ in _MILESTONES] + list(STOP_PREFIXES)
+    + list(RUNTIME_MARKERS) + list(REQUEST_ERRORS) + list(COLLATERAL_ERRORS) + list(_SERVING_PREFIXES)
+    + [  # the phrases the number extractors and the traceback reader look for
+        "Traceback (most recent call last)", "During handling of the above exception", "The above exception",
+        "(most recent call first)", "Current thread", "Thread 0x", "Fatal Python error", "KeyboardInterrupt",
+        "Killed", "Process ", "Error executing method", "Exception in worker", "Free memory on device",
+        "Available memory on node", "Desired GPU memory utilization", "desired GPU memory utilization",
+        "GPU memory utilization", "Tried to allocate", "GPU 0 has a total capacity", "total capacity",
+        "Initial free memory", "current free memory", "KV cache", "GPU KV cache size", "# GPU blocks",
+        "# CPU blocks", "# cuda blocks", "Available KV cache memory", "the rest of the memory reserved for KV Cache",
+        "Based on the available memory", "User-specified max_model_len", "derived max_model_len",
+        "Required number of devices", "Total number of devices", "World size", "Tensor parallel size",
+        "Auto-fit max_model_len", "Model loading took", "Loading model weights took", "Using max model len",
+        "vLLM API server version", "vLLM server version", "Initializing a V1 LLM engine",
+        "Initializing a V0 LLM engine", "Initializing an LLM engine", "ValueError", "RuntimeError", "KeyError",
+        "AssertionError", "TypeError", "OSError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
+        "AttributeError", "EngineCore", "EngineCore_DP0", "APIServer", "Worker_TP", "VllmWorker"]))

@@ -77,15 +77,21 @@ def test_exit_code_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert json.loads(capsys.readouterr().out)["kind"] == "engine_dead"
 
 
-def test_lines_reads_in_bounded_chunks() -> None:
-    import io
+def test_diagnose_reads_a_file_as_the_daemon_reads_a_pipe(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One reader: a line is cut where the daemon's pipe reader cuts it (256 KiB, the rest dropped),
+    so a fatal message beyond the cut is not seen by either, and one before it is seen by both."""
+    from supervisor.core.vllm_text import MAX_LINE
 
-    data = b"a\r\nb\n" + b"x" * (cli_diagnose._MAX_LINE * 2 + 5) + b"\nlast"
-    lines = list(cli_diagnose._lines(io.BytesIO(data)))
-    assert lines[:2] == [b"a\r", b"b"]
-    assert max(len(line) for line in lines) <= cli_diagnose._MAX_LINE
-    assert b"".join(lines[2:-1]) == b"x" * (cli_diagnose._MAX_LINE * 2 + 5)
-    assert lines[-1] == b"last"
+    assert MAX_LINE == 256 * 1024
+    oom = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    beyond = tmp_path / "beyond.log"
+    beyond.write_bytes(b"x" * (MAX_LINE + 10) + b" " + oom + b"\n")
+    within = tmp_path / "within.log"
+    within.write_bytes(b"x" * (MAX_LINE - len(oom) - 10) + b" " + oom + b"\r\n")
+    assert _run(["--json", str(beyond), str(within)]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert got[0]["kind"] == "no_vllm_output"
+    assert got[1]["kind"] == "oom_weights" and got[1]["numbers"]["tried_to_allocate_mib"] == 2048.0
 
 
 def _subprocess(*argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -34,8 +34,9 @@ from collections import deque
 from typing import Any, Iterable, NamedTuple
 
 from supervisor.core import exits
-from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, STOP_PREFIXES, VOCABULARY,
+from supervisor.core.diagnosis import PHASES, UNKNOWN_PHASE, Diagnosis, Kind
+from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, SERVING_FRAMES,
+                                      STOP_PREFIXES, VOCABULARY,
                                       _CAPTURE, _CUDA, _FATAL, _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS,
                                       _MILESTONE_PREFIXES, _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS,
                                       _WARN_RULES, _WEAK_FRAMES, _info_numbers)
@@ -80,6 +81,7 @@ class Classifier:
         self._stopping = False       # the API server said it got a stop signal: what follows is its echo
         self._frame_phase: str | None = None   # the phase the current traceback's frames place it in
         self._frame_strong = False   # ... set by a frame of that phase itself, not a weak (serving/sampler) one
+        self._frame_serving = False  # ... runs through a frame only a serving vLLM runs (its busy loop, a request)
         self._recent_first = False   # faulthandler's dump: the innermost frame comes first
         self._other_thread = False   # ... of a thread other than the one that crashed
         self._after_fatal = False    # the frames just after a "Fatal Python error" belong to it
@@ -150,11 +152,11 @@ class Classifier:
                 # a wrapper ("Engine core initialization failed") around a root cause no rule names
                 kind, evidence = Kind.UNKNOWN_FAILURE, self._last_exc or self._exc_after_wrapper
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
-            elif kind in _OOM_KINDS and placed == "milestone" and self._runtime:
+            elif kind in _OOM_KINDS and placed in ("milestone", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
             numbers = {**self._numbers, **nums}
             if kind is Kind.CONFIG_ERROR and "required_gpus" not in numbers and (
-                    "grace_s" in numbers or "placement group" in evidence or "available GPUs" in evidence):
+                    "grace_s" in numbers or "placement group" in evidence.lower() or "available gpus" in evidence.lower()):
                 tp = numbers.get("config_tensor_parallel_size")
                 if tp:
                     numbers["required_gpus"] = tp * (numbers.get("config_pipeline_parallel_size") or 1)
@@ -213,12 +215,12 @@ class Classifier:
                     self._open_traceback = ""      # ... and the exception line that ends the traceback
             return
         elif stripped.startswith("Traceback (most recent call last)"):
-            self._frame_phase, self._frame_strong, self._env_read = None, False, None
+            self._frame_phase, self._frame_strong, self._env_read, self._frame_serving = None, False, None, False
             self._recent_first = self._after_fatal = self._raise_open = self._request = self._other_thread = False
             self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
             return
         elif stripped.endswith("(most recent call first):"):   # faulthandler's dump of a dying interpreter
-            self._frame_phase, self._frame_strong, self._recent_first = None, False, True
+            self._frame_phase, self._frame_strong, self._recent_first, self._frame_serving = None, False, True, False
             self._other_thread = stripped.startswith("Thread ")   # not the one that crashed ("Current thread")
             self._from_vllm = True
             return
@@ -259,7 +261,10 @@ class Classifier:
         self._open_traceback = stripped[:200]
         self._from_vllm = True
         name = m.group(2).rsplit(".", 1)[-1]
-        where = _FRAME_PHASE.get(name)
+        ours = "vllm" in m.group(1)      # vLLM's own files (and its plugins'): torch._dynamo has a `step` too
+        if ours and name in SERVING_FRAMES and not self._other_thread:
+            self._frame_serving = True
+        where = _FRAME_PHASE.get(name) if ours else None
         if where is None and ("torch/cuda/graphs" in m.group(1) or "CUDAGraph::capture" in stripped):
             where = "cudagraph"      # only real capture enters torch.cuda.graph (Python or C++)
         if where is None:
@@ -307,6 +312,7 @@ class Classifier:
                 if phase == "serving":
                     self._serving = True
                 self._frame_phase, self._frame_strong = None, False   # a new stage: the old traceback is done
+                self._frame_serving = False
                 if self._best is not None and self._best.provisional and new >= _PHASE["loading"]:
                     self._best, self._announced = None, False   # the placement group came after all
                 break
@@ -350,7 +356,7 @@ class Classifier:
 
     def _place(self) -> str:
         """Where the failure being read happened: serving, else the traceback's frames, else the milestone."""
-        if self._serving:
+        if self._serving or self._frame_serving:
             return "serving"
         return self._frame_phase or self.phase
 
@@ -423,46 +429,39 @@ class Classifier:
             self._exc_phase = self._exc_phase or self._place()
 
     def _in_capture(self) -> bool:
-        if self._serving:
+        if self._serving or self._frame_serving:
             return False
         if self._frame_phase is not None:
             return self._frame_phase == "cudagraph"
         return self._phase == _PHASE["cudagraph"]
 
     def _where_oom(self, text: str) -> tuple[Kind, str, str]:
-        """Place an OOM: (kind, phase, what placed it). The message itself, then serving, then the
-        traceback's frames, then the serving-time wrappers, then the last start-up milestone."""
+        """Place an OOM: (kind, phase, what placed it), from evidence only: the message itself, then
+        serving (its start-up line, its traffic, a request), then the traceback's frames (one only a
+        serving vLLM runs; else the deepest of a known phase), then the last start-up milestone seen
+        before it; with none, its phase is unknown. (The serving-time wrappers, wherever they are in the
+        log, move an OOM placed by a milestone or by nothing to serving: :meth:`_verdict`.)"""
         if "not enough GPU memory" in text or "linear weights" in text or "allocate the weight" in text:
             return Kind.OOM_WEIGHTS, "loading", "message"
         sampler = "warming up" in text          # the sampler/pooler warm-up: profiling, or after capture
         if self._serving:
             where, placed = "serving", "serving"
+        elif self._frame_serving:
+            where, placed = "serving", "frames"
         elif self._frame_phase is not None and (self._frame_strong or not sampler):
             where, placed = self._frame_phase, "frames"
-        elif self._runtime or any(m in text for m in _OOM_RUNTIME_TEXT):
-            where, placed = "serving", "frames"
+        elif sampler:
+            return (Kind.OOM_PROFILE, "profiling" if self._phase <= _PHASE["profiling"] else "warmup",
+                    "message" if not self._phase else "milestone")
+        elif not self._phase:
+            # nothing says where: read as the phase the output reached ("launching"), the phase unknown
+            return Kind.OOM_WEIGHTS, UNKNOWN_PHASE, "none"
         else:
             where, placed = self.phase, "milestone"
-            if sampler:
-                where = "profiling" if self._phase <= _PHASE["profiling"] else "warmup"
         if sampler:
             return Kind.OOM_PROFILE, where if where in ("profiling", "warmup") else "profiling", placed
-        if where in ("launching", "config", "engine_init", "loading"):
-            return Kind.OOM_WEIGHTS, where, placed
-        if where in ("profiling", "warmup"):
-            # warm-up (compile sizes, kernel warm-up, DeepGEMM, FlashInfer autotune) runs after the KV
-            # cache took its share; eager mode would not skip it, the profile's ladder frees what it needs
-            return Kind.OOM_PROFILE, where, placed
-        if where == "kv_cache":
-            # V1 logs nothing when capture starts, so after "GPU KV cache size" an OOM without
-            # frames is most likely the capture; V0 announces its capture, so there it is the KV
-            # allocation itself, which is sized during profiling.
-            if placed == "frames" or "num_gpu_blocks" in self._numbers:
-                return Kind.OOM_PROFILE, where, placed
-            return Kind.OOM_CUDAGRAPH, "cudagraph", placed
-        if where == "cudagraph":
-            return Kind.OOM_CUDAGRAPH, where, placed
-        return Kind.OOM_RUNTIME, "serving", placed
+        kind, where = _oom_at(where, frames=placed == "frames", v0=("num_gpu_blocks" in self._numbers))
+        return kind, where, placed
 
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
                provisional: bool = False) -> None:
@@ -471,11 +470,15 @@ class Classifier:
             self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional)
         elif best.kind in _OOM_KINDS and kind in _OOM_KINDS and prio == best.prio:
             # V0 logs str(e) before the traceback: a later copy with frames places it better.
-            merged = {**numbers, **best.numbers}
-            if best.placed == "milestone" and placed in ("frames", "serving"):
+            merged = {**best.numbers, **numbers} if _whole(best.evidence, text) else {**numbers, **best.numbers}
+            if (best.placed == "milestone" and placed in ("frames", "serving")
+                    or best.placed == "none" and placed in ("frames", "serving", "milestone")):
                 self._best = Verdict(prio, kind, best.evidence, merged, phase, placed, False)
             else:
                 self._best = best._replace(numbers=merged, provisional=False)
+        elif kind is best.kind and prio == best.prio and _whole(best.evidence, text):
+            # the same record whole again (a piece of a wrapped line was read first): its numbers
+            self._best = best._replace(evidence=text, numbers={**best.numbers, **numbers})
         elif kind is best.kind and prio == best.prio and best.provisional and not provisional:
             # vLLM gave up waiting (a placement group it could not get): its own error says it best
             merged = {k: v for k, v in {**best.numbers, **numbers}.items() if k != "grace_s"}
@@ -484,10 +487,41 @@ class Classifier:
             self._best = best._replace(numbers={**numbers, **best.numbers}, provisional=best.provisional and provisional)
 
 
+def _oom_at(where: str, *, frames: bool = False, v0: bool = False) -> tuple[Kind, str]:
+    """The kind of an out-of-memory error in a phase (docs/failure-catalogue.md, "Placing a failure")."""
+    if where in ("launching", "config", "engine_init", "loading"):
+        return Kind.OOM_WEIGHTS, where
+    if where in ("profiling", "warmup"):
+        # warm-up (compile sizes, kernel warm-up, DeepGEMM, FlashInfer autotune) runs after the KV
+        # cache took its share; eager mode would not skip it, the profile's ladder frees what it needs
+        return Kind.OOM_PROFILE, where
+    if where == "kv_cache":
+        # V1 logs nothing when capture starts, so after "GPU KV cache size" an OOM without frames is
+        # most likely the capture; V0 announces its capture, so there it is the KV allocation itself
+        if frames or v0:
+            return Kind.OOM_PROFILE, where
+        return Kind.OOM_CUDAGRAPH, "cudagraph"
+    if where == "cudagraph":
+        return Kind.OOM_CUDAGRAPH, where
+    return Kind.OOM_RUNTIME, "serving"
+
+
+def place(d: Diagnosis, phase: str) -> Diagnosis:
+    """An out-of-memory error nothing in the log placed (phase ``unknown``), read where the launch was:
+    ``phase`` is the phase the daemon's live stream last reached (``serving`` once a probe answered)."""
+    if d.phase != UNKNOWN_PHASE or d.kind not in _OOM_KINDS:
+        return d
+    kind, where = _oom_at(phase, v0="num_gpu_blocks" in d.numbers)
+    return Diagnosis(kind, d.evidence, dict(d.numbers), where,
+                     _detail(kind, d.numbers, where) + f" (The log did not say where; the launch had reached {phase}.)")
+
+
+def _whole(piece: str, text: str) -> bool:
+    """``text`` is ``piece``'s record whole (a piece of a wrapped line was read on its own first)."""
+    return len(text) > len(piece) >= 20 and piece in text
+
+
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})
-# An OOM that names the running engine: V0's model-execution wrapper, the MQ client's dead engine.
-_OOM_RUNTIME_TEXT = ("Error in model execution", "MQEngineDeadError", "Engine loop is not running",
-                     "EngineDeadError")
 _SOURCE = 20          # a `raise` source line of a traceback cut off before its exception line
 
 
@@ -590,6 +624,10 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
         elif kind is Kind.OOM_PROFILE and phase == "kv_cache":
             where = "allocating the KV cache"
         tried = f" (tried to allocate {n['tried_to_allocate_mib']} MiB)" if "tried_to_allocate_mib" in n else ""
+        if phase == UNKNOWN_PHASE:
+            return (f"The GPU ran out of memory{tried}; nothing in the log says where (no traceback frames, "
+                    "no start-up or serving lines before it), so it is read as the phase the output reached: "
+                    "loading the weights, the start-up's first.")
         return f"The GPU ran out of memory {where}{tried}."
     if kind is Kind.MAX_LEN_EXCEEDS_MODEL:
         return (f"max_model_len {n.get('max_model_len', '?')} is above the model's own limit of "

@@ -24,14 +24,16 @@ def _num(text: str) -> int | float:
     return int(value) if value.is_integer() and "." not in text else value
 
 
+_SCALE = {"b": 1 / 2**20, "bytes": 1 / 2**20, "kib": 1 / 1024, "kb": 1 / 1024, "mib": 1.0, "mb": 1.0,
+          "gib": 1024.0, "gb": 1024.0, "tib": 2**20}
+
+
 def _mib(value: str, unit: str) -> float:
-    scale = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 1024, "KB": 1 / 1024, "MiB": 1.0, "MB": 1.0,
-             "GiB": 1024.0, "GB": 1024.0, "TiB": 2**20}[unit]
-    return round(float(value) * scale, 4)
+    return round(float(value) * _SCALE[unit.lower()], 4)
 
 
 def _gib(value: str, unit: str) -> float:
-    return round(_mib(value, unit) / 1024, 4) if unit not in ("GiB", "GB") else float(value)
+    return round(_mib(value, unit) / 1024, 4) if unit.lower() not in ("gib", "gb") else float(value)
 
 
 _RX_KV_V0 = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that "
@@ -93,6 +95,13 @@ _RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + 
 _RX_AVAIL = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is) "
                        + _F + r" ?GiB")
 _RX_SERVED = re.compile(r"Using max model len (\d+)")
+
+
+# The numbers are read whatever the case of the words around them (a message retyped in lower case).
+for _name, _value in list(globals().items()):
+    if _name.startswith("_RX_"):
+        globals()[_name] = (tuple(re.compile(rx.pattern, re.I) for rx in _value) if isinstance(_value, tuple)
+                            else re.compile(_value.pattern, re.I))
 
 
 def _info_numbers(text: str) -> dict[str, Any]:
@@ -403,7 +412,7 @@ RUNTIME_MARKERS = ("EngineCore encountered a fatal error", "output_handler faile
                    "Engine background task failed", "has failed, terminating server process",
                    "is already dead, terminating server process", "MQEngineDeadError", "AsyncEngineDeadError",
                    "EngineDeadError", "Engine loop is not running", "Background loop has errored",
-                   "engine core exited unexpectedly", "Error in model execution")
+                   "engine core exited unexpectedly")
 
 # Start-up milestones, matched at the start of the message (docs/failure-catalogue.md, "Milestones").
 _MILESTONES: tuple[tuple[str, str], ...] = (
@@ -502,6 +511,19 @@ _FRAME_PHASE = {
                      "run_output_handler_loop", "run_heartbeat_loop", "_set_errored", "check_health", "generate",
                      "_log_task_completion"), "serving"),
 }
+#: Frames of a vLLM that serves (``frames.tsv``'s serving loops that start only once start-up is
+#: done: the engine core's busy loop, V0's engine loops, the API server's output handler), the API
+#: server handling a request, and attention run on a prompt's already computed context (a chunked
+#: prefill's later chunk, a cached prefix: never in the profile's dummy batch). A traceback through one
+#: of them is the running engine's, whatever it called: the failure is a serving failure. (Their names
+#: are read in vLLM's own files only: torch._dynamo has a ``step`` too.)
+SERVING_FRAMES = frozenset({
+    "run_busy_loop", "_process_engine_step", "_process_input_queue", "process_input_sockets", "step",
+    "step_with_batch_queue", "run_engine_loop", "engine_step", "step_async", "_log_task_completion",
+    "run_heartbeat_loop", "run_output_handler_loop", "_set_errored", "check_health", "output_handler",
+    "_run_output_handler", "process_outputs_socket", "get_output_async", "generate",
+    "_compute_prefill_context", "run_prefill_context_chunk", "_context_parallel_compute_prefill_context",
+}) | REQUEST_FRAMES
 #: Frames that place a failure only when no frame above them in the traceback did.
 _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
     "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}

@@ -141,7 +141,8 @@ _FAST = re.compile(
     r"(?:(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
     r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
 )
-_RANK = re.compile(r"(?:rank=|TP|rank)(\d+)")
+_FAST_ANY_CASE = re.compile(_FAST.pattern, re.I)
+_RANK = re.compile(r"(?:rank=|TP|rank)(\d+)", re.I)
 _RANK_OF: dict[str, int | None] = {}
 # Where to cut a log that was pasted with its line breaks lost.
 _SPLIT = re.compile(
@@ -152,8 +153,29 @@ _SPLIT = re.compile(
 _EOL = re.compile(r"[\r\n]+")
 #: An exception line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``, a bare ``KeyboardInterrupt``).
 EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
+# an exception line as it starts a record, in any case (a class name: a letter first, then more)
+_EXC_ANY_CASE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z][A-Za-z0-9]+(?:Error|Exception|Failure|Interrupt)(?::|$)", re.I)
+_FRAME_END = re.compile(r'File "[^"]*", line \d+,? in [\w<>.]+$', re.I)
+
+
+def _starts_record(text: str) -> bool:
+    """A line that begins a record: vLLM's header or process tag, a traceback's lines, an exception
+    line, a carrier's prefix (what a quoted or indented paste begins with)."""
+    body = text.lstrip(" \t")
+    return bool(_vllm_starts(body) or _FAST_ANY_CASE.match(body) or body.startswith(RECORD_STARTS)
+                or body.startswith(("[rank", '{"', "$ ", "vllm serve", "python -m vllm", "python3 -m vllm"))
+                or _EXC_ANY_CASE.match(body) or peel(body).carriers)
+
+
+def _ends_a_frame(raw: str) -> bool:
+    """A whole traceback frame or source line: an exception line after it is the traceback's end,
+    not the rest of a line cut at the terminal's width."""
+    return bool(_FRAME_END.search(raw)) or strip_header(raw)[0].startswith("    ")
+
+
 #: Lines that start a record of their own (never the continuation of a wrapped line).
 RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
+_RECORD_STARTS_LOW = tuple(s.lower() for s in RECORD_STARTS)
 
 
 def _rank_of(proc: str) -> int | None:
@@ -295,8 +317,10 @@ def _ts_key(ts: str) -> tuple[int, ...]:
     """A time stamp as a sortable tuple (year, month, day, hh, mm, ss, nanoseconds); one format per log."""
     nums = re.findall(r"\d+", ts)
     low = ts[:3].lower()
-    if "." in ts and len(nums) == 2 and len(nums[0]) >= 6:          # seconds since an epoch or boot
+    if len(nums) == 2 and re.fullmatch(r"\d+\.\d+", ts):            # seconds since an epoch or boot
         return (int(nums[0]), int(nums[1].ljust(9, "0")[:9]))
+    if len(nums) == 1:                                                  # journald's JSON: microseconds
+        return (int(nums[0]),)
     out: list[int] = []
     if low in _MONTHS:
         out.append(_MONTHS[low])
@@ -362,6 +386,7 @@ def peel(line: str) -> _Peeled:
                 m = rx.match(text)
                 if m:
                     name = nm
+                    ts = ts or m.groupdict().get("ts")
                     break
         elif c == "(":
             m = _RAY.match(text)
@@ -449,11 +474,14 @@ def normalize(line: str | bytes) -> str:
 class Recaser:
     """Gives a line typed in lower case back the case of the phrases vLLM prints (its rules' texts).
 
-    Only lines with no capital letter at all are touched, and only the known phrases in them, so the
-    rules, written in vLLM's case, match them as they are."""
+    Only lines with no capital letter at all are touched (:func:`folded`), and only the known
+    phrases in them, so the rules, written in vLLM's case, match them as they are: :meth:`level`
+    for vLLM's log level at the start of a line (before the line's prefixes are read), :meth:`phrases`
+    for the message (once a wrapped record is whole)."""
 
-    _LEVEL = re.compile(r"^(?:\((?:[\w:-]+(?: [\w=.:-]+)*) pid=\d+\) ?)?(debug|info|warning|error|critical)(?= \d\d-\d\d |:\s)")
-    _EXC = re.compile(r"\b([a-z_][\w.]*?)(error|exception|interrupt)(?=:|$)")
+    _LEVEL = re.compile(r"^(?:\((?:[\w:-]+(?: [\w=.:-]+)*) pid=\d+\) ?)?(debug|info|warning|error|critical)"
+                        r"(?= \d\d-\d\d \d\d:|: {2,}\S)")
+    _EXC = re.compile(r"\b([a-z][a-z0-9_.]+?)(error|exception|interrupt)(?=:)")
     _UNITS = re.compile(r"(?<=\d)( ?)(gib|mib|kib|gb|mb)\b")
     _UNIT_CASE = {"gib": "GiB", "mib": "MiB", "kib": "KiB", "gb": "GB", "mb": "MB"}
 
@@ -467,13 +495,21 @@ class Recaser:
             by_word.setdefault(first.group(0) if first else low[:1], []).append((low, p))
         self._by_word = by_word
 
-    def __call__(self, text: str) -> str:
-        if not text.islower():
-            return text
+    _GLOG = re.compile(r"^((?:\[rank\d+\]:)?\[)([iwef])(?=(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\])")
+
+    def level(self, text: str) -> str:
+        """vLLM's (or uvicorn's, or a glog header's) log level at the start of a folded line, in capitals."""
+        c = text[:1]
+        if c == "[":
+            return self._GLOG.sub(lambda m: m.group(1) + m.group(2).upper(), text, count=1)
+        return self._LEVEL.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + m.group(1).upper(), text, count=1)
+
+    def phrases(self, text: str) -> str:
+        """The known phrases of a folded message in vLLM's case."""
         stripped = text.lstrip()
-        if stripped[:1] == "#" or (text[:4] == "    " and not stripped.startswith("raise")):
+        if text[:4] == "    " and not stripped.startswith("raise"):
             return text          # traceback source lines: only a `raise` line names a failure
-        out = self._LEVEL.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + m.group(1).upper(), text, count=1)
+        out = text
         found: list[tuple[str, str]] = []
         for word in set(re.findall(r"[a-z0-9_]+", out)):
             found.extend(self._by_word.get(word, ()))
@@ -498,6 +534,15 @@ class Recaser:
             out = out.replace("file \"", "File \"")
         out = self._EXC.sub(lambda m: m.group(1) + m.group(2).capitalize(), out)
         return self._UNITS.sub(lambda m: m.group(1) + self._UNIT_CASE[m.group(2)], out)
+
+
+_UPPER = re.compile(r"[A-Z]")
+_VLLM_TIME = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) ", re.I)
+
+
+def folded(text: str) -> bool:
+    """No capital letter in it: maybe retyped in lower case."""
+    return _UPPER.search(text) is None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -526,15 +571,22 @@ class Normalizer:
         self.newest_first = False                   # the entries came newest first and were re-ordered
         self.dropped = 0                            # old entries of an over-long newest-first paste dropped
         self._recase = Recaser(vocabulary)
-        self._indent = 0                            # the indentation of a whole indented paste
+        self._block_lead = 0                        # the indentation of the block of lines being read
+        self._new_block = True                      # the next non-blank line starts a block
+        self._quote_depth = 0                       # the depth of a markdown quote the paste is in
+        self._quote = ""                            # ... and its markers, as its first line wrote them
+        self._all_quoted = True                     # every line so far began with ">"
+        self._json_buf = ""                         # a JSON log line being put back together
         self._partial: dict[str | None, str] = {}
         # order of a time-stamped log: None unknown, "in" oldest first, "newest" newest first
         self._order: str | None = None
-        self._held: list[list[tuple[str, int, bool]]] = []      # entries: their (text, width, carried) lines
+        self._held: list[list[tuple[str, int, str | None]]] = []   # entries: their (text, width, carried) lines
         self._last_ts: tuple[int, ...] | None = None
         self._desc = 0
         # wrapped lines
-        self._pending: tuple[str, int, int | None, str | None, bool] | None = None
+        # a record that may go on in the next line: (its text so far, its head's message, read already,
+        # folded, the line as its carrier printed it)
+        self._pending: tuple[str, str, bool, bool, str | None] | None = None
         self._prev_width = 0
         self._max_width = 0
         self._at_max = 0
@@ -575,9 +627,15 @@ class Normalizer:
     def flush(self) -> list[Record]:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
         self._out = out = []
+        if self._json_buf:
+            rest, self._json_buf = self._json_buf, ""
+            self._ordered(rest, len(rest), None, None)
         for stream in list(self._partial):
-            self._carried(self._partial.pop(stream), _WRAP_MAX + 1, True)
+            rest = self._partial.pop(stream)
+            self._carried(rest, _WRAP_MAX + 1, rest)
         if self._held:
+            if self._order is None:
+                self._decide()
             held, self._held = self._held, []
             for entry in (reversed(held) if self._order == "newest" else held):
                 for text, width, carried in entry:
@@ -590,24 +648,40 @@ class Normalizer:
         if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
             seg = _ANSI.sub("", seg)
         c = seg[:1]
-        if c == ">":
-            seg = _QUOTE.sub("", seg)
-            c = seg[:1]
-        if c == " " or c == "\t":
-            seg = self._dedent(seg)
-        elif self._indent and (_vllm_starts(seg) or seg.startswith("Traceback")):
-            self._indent = 0
+        if c == " " or c == "\t" or c == ">":
+            body = seg.lstrip(" \t")
+            if body[:1] == ">" and (self._quote_depth or self._all_quoted or body[1:2] == " "
+                                    or _starts_record(_QUOTE.sub("", body))):
+                seg = self._unquote(body)       # (in a list item, a quote's markers are indented)
+            elif self._all_quoted and body:
+                self._all_quoted = False
+        elif c:
+            self._all_quoted = False
+            if self._quote_depth and _starts_record(seg):
+                self._quote_depth, self._quote = 0, ""      # the quote ended
+        seg = self._dedent(seg)
         width = len(seg)
         c = seg[:1]
+        if self._json_buf or (c == "{" and seg[:2] == '{"' and not seg.rstrip().endswith("}")):
+            # a JSON log line the terminal wrapped: its pieces until the object closes
+            self._json_buf += seg
+            if not self._json_buf.rstrip().endswith("}") and len(self._json_buf) < _PARTIAL_CAP:
+                return
+            seg, self._json_buf = self._json_buf, ""
+            c = "{"
         if not c or (c in "DIWEC(" and _FAST.match(seg)):     # the fast path: vLLM's own line
-            self._ordered(seg, width, False, None)
+            self._ordered(seg, width, None, None)
             return
         if guard_own(seg):
             self.guard_lines += 1
             return
         p = peel(seg)
         if not p.carriers:
-            self._ordered(seg, width, False, None)
+            if self._partial:          # the terminal's wrap of a partial line of a CRI file
+                stream = next(reversed(self._partial))
+                self._partial[stream] = (self._partial[stream] + seg)[:_PARTIAL_CAP]
+                return
+            self._ordered(seg, width, None, None)
             return
         text = p.text
         if guard_own(text):
@@ -619,26 +693,51 @@ class Normalizer:
             if p.partial:
                 self._partial[p.stream] = (before + text)[:_PARTIAL_CAP]
                 return
-            text = before + text
-            width = _WRAP_MAX + 1          # a joined line is no wrapped piece
-        self._ordered(text, width, True, p.ts)
+            self._ordered(before + text, width, "", p.ts)     # carried, but no longer one line of it
+            return
+        self._ordered(text, width, seg, p.ts)
+
+    def _unquote(self, seg: str) -> str:
+        """Take off a markdown quote's markers, as the quote's first record wrote them (``> `` or ``>``,
+        as deep as it was): a ``>`` further on, or a space after a bare ``>``, is the text's."""
+        if not self._quote:
+            m = _QUOTE.match(seg)
+            self._quote = m.group(0) if m else ">"
+            self._quote_depth = self._quote.count(">")
+        q = self._quote
+        if seg.startswith(q):
+            return seg[len(q):]
+        bare = q.rstrip(" \t")
+        return seg[len(bare):] if seg.startswith(bare) else _QUOTE.sub("", seg, count=1)
 
     def _dedent(self, seg: str) -> str:
-        """Take off the indentation of a whole indented paste (an indented code block, a list item):
-        the depth at which a line that real output never indents (a log header, a traceback's start,
-        a carrier's time stamp) was found."""
+        """Take off the indentation of an indented block (a markdown code block, a list item's paste):
+        a block starts the paste or follows a blank line or a code fence, and its first line's
+        indentation is the block's (a traceback's own indentation, deeper, stays)."""
+        c = seg[:1]
+        if c != " " and c != "\t":
+            if self._new_block:
+                self._block_lead, self._new_block = 0, False
+            if c == "`" or c == "~":
+                self._new_block = self._new_block or seg.startswith(("```", "~~~"))
+            elif not c:
+                self._new_block = True
+            return seg
         body = seg.lstrip(" \t")
+        if not body:
+            self._new_block = True
+            return ""
         lead = len(seg) - len(body)
-        if body[:1] and (_vllm_starts(body) or body.startswith(("Traceback (most", "[rank"))
-                         or (body[:1].isdigit() and _STAMPED.match(body))):
-            self._indent = lead
-            return body
-        if self._indent and lead >= self._indent:
-            return seg[self._indent:]
-        return seg
+        if self._new_block:
+            self._block_lead, self._new_block = lead, False
+        if body.startswith(("```", "~~~")):
+            self._new_block = True
+        return seg[min(lead, self._block_lead):]
 
     # ------------------------------------------------------------------ stage B: order
-    def _ordered(self, text: str, width: int, carried: bool, ts: str | None) -> None:
+    def _ordered(self, text: str, width: int, carried: str | None, ts: str | None) -> None:
+        """``carried``: the whole line as the carrier printed it ("" when put together from several,
+        None when the line had no carrier)."""
         order = self._order
         if order == "in" or (order is None and ts is None and not self._held):
             self._carried(text, width, carried)
@@ -671,8 +770,39 @@ class Normalizer:
 
     def _check_hold(self) -> None:
         if self._order is None and (len(self._held) > _HOLD or sum(map(len, self._held)) > 4 * _HOLD):
-            self._order = "in"         # no order shown in the first entries: read them as they came
-            self._release()
+            self._decide()
+            if self._order == "in":
+                self._release()
+
+    def _decide(self) -> None:
+        """The order of held entries whose stamps never went forward: back in time once is enough;
+        equal stamps (a console's whole seconds) leave it to the text: a traceback lists its frames
+        after "Traceback (most recent call last):", and vLLM's banner comes first."""
+        if self._desc:
+            self._order, self.newest_first = "newest", True
+            return
+        lines = ["".join(text for text, _, _ in entry).lower() for entry in self._held]   # an entry: wrap pieces too
+        natural = backwards = 0
+        stamps = [m.group(1) for m in map(_VLLM_TIME.search, lines) if m]   # vLLM's own header times
+        for a, b in zip(stamps, stamps[1:]):
+            natural += b > a
+            backwards += b < a
+        for i, text in enumerate(lines):
+            pair = text + (lines[i + 1] if i + 1 < len(lines) else "")    # a line the terminal wrapped
+            if "traceback (most recent call last)" in pair and "traceback (most recent call last)" not in text[-40:]:
+                after = any('file "' in ln for ln in lines[i + 1:i + 4])
+                before = any('file "' in ln for ln in lines[max(0, i - 3):i])
+                natural += after and not before
+                backwards += before and not after
+            elif "server version" in pair and ("vllm api server version" in pair or "vllm server version" in pair):
+                if i < len(lines) // 2:
+                    natural += 1
+                else:
+                    backwards += 1
+        if backwards > natural:
+            self._order, self.newest_first = "newest", True
+        else:
+            self._order = "in"
 
     def _release(self) -> None:
         held, self._held = self._held, []
@@ -681,9 +811,8 @@ class Normalizer:
                 self._carried(text, width, carried)
 
     # ------------------------------------------------------------------ stage C: records, wrapped lines
-    def _carried(self, text: str, width: int, carried: bool) -> None:
-        if text.islower():
-            text = self._recase(text)
+    def _carried(self, text: str, width: int, carried: str | None) -> None:
+        low = folded(text)
         if len(text) > 400 and _SPLIT.search(text, 1):
             pieces = self._pasted(text)
             if len(pieces) > 1:
@@ -691,10 +820,16 @@ class Normalizer:
                 self._note_width(_WRAP_MAX + 1, "")
                 for piece in pieces:
                     t, level, rank, proc = strip_header(piece)
-                    self._out.append(Record(t, level, rank, proc, True))
+                    self._out.append(Record(self._recase.phrases(t) if low else t, level, rank, proc, True))
                 return
-        body, level, rank, proc = strip_header(text)
-        self._wrap(body, level, rank, proc, width, carried)
+        self._wrap(text, width, carried, low)
+
+    def _record(self, raw: str, low: bool = False) -> Record:
+        """The record of a (whole) line; typed in lower case, vLLM's case given back to it."""
+        if not folded(raw) or not raw:
+            return Record(*strip_header(raw))
+        text, level, rank, proc = strip_header(self._recase.level(raw))
+        return Record(self._recase.phrases(text), level, rank, proc)
 
     @staticmethod
     def _pasted(seg: str) -> list[str]:
@@ -731,51 +866,57 @@ class Normalizer:
         if self._long_seen:
             return False
         w = self._max_width
-        return (w >= _WRAP_MIN and self._at_max >= 3) or (w <= 80 and self._near80 >= 3)
+        return (w >= _WRAP_MIN and self._at_max >= 2) or (w <= 80 and self._near80 >= 3)
 
-    def _wrap(self, text: str, level: int, rank: int | None, proc: str | None, width: int, carried: bool) -> None:
-        """Re-join hard-wrapped lines: a line with no header or carrier of its own, after a line as wide
-        as the log's widest (mid-word) or nearly (at a word), continues it."""
+    def _wrap(self, raw: str, width: int, carried: str | None, low: bool) -> None:
+        """Re-join hard-wrapped lines: a line with no header, process tag or carrier of its own, after
+        a line as wide as the log's widest (mid-word) or nearly (at a word), continues it. The joined
+        text is read as one line (its log header, cut by the wrap, is whole again)."""
+        text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
         self._note_width(width, text)
         maybe = not self._long_seen
         confirmed = self._confirmed()
         w = self._max_width
         out = self._out
         if self._pending is not None:
-            ptext, plevel, prank, pproc, done = self._pending
+            praw, ptext, done, plow, pline = self._pending
             pw = self._prev_width
             exact = pw == w and pw >= _WRAP_MIN
             # at a word (an editor's wrap): only where the log is not known to be cut mid-word
-            soft = (not exact and 60 <= pw >= w - 20 and not (self._at_max >= 3 and w >= _WRAP_MIN)
-                    and text[:1] not in (" ", "\t"))
+            soft = (not exact and 60 <= pw >= w - 20 and not (self._at_max >= 2 and w >= _WRAP_MIN)
+                    and raw[:1] not in (" ", "\t"))
             stripped = text.lstrip()
-            if (maybe and level == Level.RAW and not carried and (exact or soft)
-                    and not stripped.startswith(RECORD_STARTS)
-                    and not ((not exact or not confirmed) and EXCEPTION_LINE.match(text))
+            if (maybe and level == Level.RAW and proc is None and rank is None and carried is None and (exact or soft)
+                    and not (stripped.lower() if low else stripped).startswith(_RECORD_STARTS_LOW if low else RECORD_STARTS)
+                    and not (_EXC_ANY_CASE.match(text) and _ends_a_frame(praw))   # the exception under a traceback
+                    # not known to be wrapped yet: a line that begins like a message begins its own
+                    and (confirmed or not raw[:1].isupper())
                     and (exact or not ptext.startswith("    "))):
-                joined = ptext + text if exact else ptext.rstrip() + " " + stripped
-                prank = prank if prank is not None else rank
-                self._pending = (joined[:_JOIN_CAP], plevel, prank, pproc, done and not confirmed)
+                if pline:                 # the carrier's prefix itself may be what the wrap cut
+                    pline = (pline + raw if exact else pline.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
+                    joined = peel(pline).text
+                else:
+                    joined = (praw + raw if exact else praw.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
+                self._pending = (joined, ptext, done and not confirmed, plow and low, pline)
                 # maybe a continuation, maybe a record of its own: read it both ways until the log
-                # is known to be wrapped, and an exception line always
-                if not confirmed or EXCEPTION_LINE.match(text):
-                    out.append(Record(text, level, rank, proc))
-                    if not confirmed:
-                        out.append(Record(joined[:_JOIN_CAP], plevel, prank, pproc))
+                # is known to be wrapped
+                if not confirmed:
+                    out.append(self._record(raw, low))
+                    out.append(self._record(joined, plow and low))
                 self._prev_width = width
                 return
             self._flush_pending()
         if maybe and width >= _WRAP_MIN and (width == w or 60 <= width >= w - 20):
-            self._pending = (text, level, rank, proc, not confirmed)
+            self._pending = (raw, text, not confirmed, low, carried)
             if not confirmed:
-                out.append(Record(text, level, rank, proc))
+                out.append(self._record(raw, low))
         else:
-            out.append(Record(text, level, rank, proc))
+            out.append(self._record(raw))
         self._prev_width = width
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
-            text, level, rank, proc, done = self._pending
+            raw, _, done, low, _ = self._pending
             self._pending = None
             if not done:
-                self._out.append(Record(text, level, rank, proc))
+                self._out.append(self._record(raw, low))

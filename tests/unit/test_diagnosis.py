@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.classifier import Classifier, classify, normalize
-from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
+from supervisor.core.diagnosis import PHASES, VERDICT_PHASES, Diagnosis, Kind
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())
@@ -32,7 +32,7 @@ def test_fixture_kind_and_numbers(rel: str) -> None:
         assert got.numbers.get(key) == value, f"{rel}: numbers[{key!r}] = {got.numbers.get(key)!r}, want {value!r}"
     if "phase" in want:
         assert got.phase == want["phase"]
-    assert got.phase in PHASES
+    assert got.phase in VERDICT_PHASES
     assert len(got.evidence) <= 500
     if got.names_a_failure and want.get("exit_code") is None:
         assert got.evidence, "a named failure carries the line that decided it"
@@ -537,8 +537,6 @@ _RUNTIME_OOMS = {
         '    raise type(err)(f"Error in model execution (input dumped to {filename}): "',
         _TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped to "
                            "/tmp/err_execute_model_input_20241015-120000.pkl): CUDA out of memory", 1)]],
-    "the dump wrapper's line alone": [_TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped "
-                                                         "to /tmp/err_execute_model_input_1.pkl): CUDA out of memory", 1)],
     "MQEngineDeadError naming the OOM": [
         "vllm.engine.multiprocessing.MQEngineDeadError: Engine loop is not running. Inspect the stacktrace to find "
         "the original error: OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB.')"],
@@ -562,6 +560,121 @@ _RUNTIME_OOMS = {
 def test_runtime_ooms_are_placed_by_their_frames_and_context(name: str) -> None:
     got = classify(_RUNTIME_OOMS[name])
     assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
+
+
+# --------------------------------------------------------------------------- each way an OOM is placed
+# One test per path, each built so that only that path can place the OOM right (the other paths are
+# absent from the log, or would place it elsewhere): removing the path fails its test.
+_LOADING = "INFO 09-20 10:00:01 [gpu_model_runner.py:1] Starting to load model m..."      # a milestone
+_PROFILING = "INFO 09-20 10:00:02 [gpu_model_runner.py:1] Model loading took 14.25 GiB and 4.1 seconds"
+
+
+def test_an_oom_the_message_names_is_a_weight_oom_wherever_it_is() -> None:
+    """vLLM's own "Failed to load model - not enough GPU memory" (gpu_model_runner.load_model, 0.13+)."""
+    line = ("ERROR 09-20 10:00:03 [gpu_model_runner.py:3421] Failed to load model - not enough GPU memory. Try "
+            "lowering --gpu-memory-utilization to free memory for weights, increasing --tensor-parallel-size, or "
+            "using --quantization.")
+    got = classify([_PROFILING, "INFO 09-20 10:00:03 [kv_cache_utils.py:1] GPU KV cache size: 10,000 tokens", line], 1)
+    assert (got.kind, got.phase) == (Kind.OOM_WEIGHTS, "loading")
+
+
+def test_after_serving_began_an_oom_is_the_servings_whatever_start_up_frame_it_shows() -> None:
+    """Once vLLM served, an OOM is a serving OOM even where the pasted traceback keeps only a loading
+    frame (weights reloaded while serving)."""
+    lines = [_LOADING, 'INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+             *_tb("load_weights", path=f"{_S}/model_executor/models/llama.py"), _OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+@pytest.mark.parametrize("frames", [
+    # the API server streaming a chat completion (V0 runs the engine in the API server's process)
+    (("chat_completion_stream_generator", f"{_S}/entrypoints/openai/serving_chat.py"),
+     ("generate", f"{_S}/engine/async_llm_engine.py")),
+    # attention over a prompt's computed context (a later chunk of a chunked prefill, a cached prefix):
+    # the profile's dummy batch has none
+    (("forward", f"{_S}/attention/backends/mla/common.py"),
+     ("_compute_prefill_context", f"{_S}/attention/backends/mla/common.py")),
+    # the V1 engine core's busy loop, reloading weights while serving (a loading frame under it)
+    (("run_busy_loop", f"{_S}/v1/engine/core.py"), ("_process_input_queue", f"{_S}/v1/engine/core.py"),
+     ("load_weights", f"{_S}/model_executor/models/llama.py")),
+    # V0's engine loop
+    (("run_engine_loop", f"{_S}/engine/async_llm_engine.py"), ("engine_step", f"{_S}/engine/async_llm_engine.py"),
+     ("_dummy_sampler_run", f"{_S}/worker/model_runner.py")),
+], ids=["request handler", "prefill over a computed context", "busy loop over a loading frame", "v0 engine loop"])
+def test_a_frame_only_a_serving_vllm_runs_places_the_oom_in_serving(frames: tuple) -> None:
+    lines = [_LOADING, "Traceback (most recent call last):", *[_frame(f, p) for f, p in frames], _OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
+
+
+def test_a_serving_loop_name_in_another_package_places_nothing() -> None:
+    """torch._dynamo has a ``step`` of its own (its bytecode interpreter, inside a compile in profile_run)."""
+    lines = [_PROFILING, "Traceback (most recent call last):",
+             _frame("step", "/usr/lib/python3/dist-packages/torch/_dynamo/symbolic_convert.py"), _OOM]
+    assert classify(lines, 1).kind is Kind.OOM_PROFILE
+
+
+def test_a_dead_engine_loop_naming_the_oom_places_it_in_serving_over_the_last_milestone() -> None:
+    line = ("vllm.engine.multiprocessing.MQEngineDeadError: Engine loop is not running. Inspect the stacktrace to "
+            "find the original error: OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB.')")
+    got = classify([_PROFILING, line], 1)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+def test_a_serving_time_wrapper_after_a_frameless_oom_places_it_in_serving() -> None:
+    """V1 0.8.5+: the engine core's "EngineCore encountered a fatal error." and the API server's
+    "AsyncLLM output_handler failed." follow the root cause."""
+    lines = [_PROFILING, _E1 + _TORCH_OOM, _API + "ERROR 09-20 10:00:01 [async_llm.py:480] AsyncLLM output_handler failed."]
+    got = classify(lines)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+def test_a_frame_of_the_models_execution_alone_places_the_oom_in_serving() -> None:
+    """V1's GPUModelRunner.execute_model runs requests (profiling and capture use _dummy_run): with no
+    frame of a start-up phase above it, the engine was serving, whatever milestone was last pasted."""
+    lines = [_PROFILING, "INFO 09-20 10:00:03 [kv_cache_utils.py:1] GPU KV cache size: 10,000 tokens",
+             *_tb("execute_model"), _OOM]
+    assert (classify(lines, 1).kind, classify(lines, 1).phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+def test_a_later_copy_of_the_oom_with_frames_places_it_over_the_first_copys_milestone() -> None:
+    """V0's MQ engine logs str(e) first (no frames), then the traceback: its frames place the OOM."""
+    v0 = "ERROR 10-15 12:00:00 engine.py:366] "
+    lines = ["INFO 10-15 12:00:00 model_runner.py:1077] Loading model weights took 14.9595 GB",
+             v0 + "CUDA out of memory. Tried to allocate 2.00 GiB.", "Traceback (most recent call last):",
+             _frame("capture_model", f"{_S}/worker/model_runner.py"), _frame("capture", f"{_S}/worker/model_runner.py"),
+             _TORCH_OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_CUDAGRAPH, "cudagraph")
+    assert got.numbers["tried_to_allocate_mib"] == 2048.0
+
+
+def test_the_milestone_before_a_frameless_oom_places_it() -> None:
+    assert classify([_PROFILING, _TORCH_OOM], 1).kind is Kind.OOM_PROFILE
+    assert classify([_LOADING, _TORCH_OOM], 1).kind is Kind.OOM_WEIGHTS
+
+
+def test_v0_model_execution_wrapper_is_no_evidence_of_serving() -> None:
+    """vLLM 0.6.x's dump_input_when_exception wraps execute_model, which profile_run calls too."""
+    line = _TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped to "
+                              "/tmp/err_execute_model_input_20241015-120000.pkl): CUDA out of memory", 1)
+    assert classify([_PROFILING, line], 1).kind is Kind.OOM_PROFILE
+    assert classify([line], 1).phase == "unknown"
+
+
+def test_an_oom_nothing_places_has_an_unknown_phase_and_the_daemon_places_it_where_the_stream_was() -> None:
+    from supervisor.core.classifier import place
+
+    got = classify([_TORCH_OOM], 1)
+    assert got.phase == "unknown" and "nothing in the log says where" in got.detail
+    assert got.kind is Kind.OOM_WEIGHTS       # read as the phase the output reached: the start-up's first
+    assert got.numbers["tried_to_allocate_mib"] == 1536.0
+    served = place(got, "serving")             # the live launch had answered a probe
+    assert (served.kind, served.phase) == (Kind.OOM_RUNTIME, "serving")
+    assert served.numbers == got.numbers
+    assert (place(got, "profiling").kind, place(got, "cudagraph").kind) == (Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH)
+    assert place(classify([_PROFILING, _TORCH_OOM], 1), "serving").phase == "profiling"   # placed: kept
 
 
 def test_the_private_pools_phrase_is_no_evidence_of_capture() -> None:

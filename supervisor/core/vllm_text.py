@@ -151,6 +151,7 @@ _SPLIT = re.compile(
     r"|File \"|\[[IWEF](?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]|Killed$)"
 )
 _EOL = re.compile(r"[\r\n]+")
+_FAST_FIRST = frozenset("DIWEC(")
 #: An exception line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``, a bare ``KeyboardInterrupt``).
 EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
 # an exception line as it starts a record, in any case (a class name: a letter first, then more)
@@ -176,6 +177,14 @@ def _ends_a_frame(raw: str) -> bool:
 #: Lines that start a record of their own (never the continuation of a wrapped line).
 RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
 _RECORD_STARTS_LOW = tuple(s.lower() for s in RECORD_STARTS)
+_PROCESS_LINE = re.compile(r"Process [\w.-]+:\s*$", re.I)     # multiprocessing's "Process EngineCore_DP0:"
+
+
+def _begins_record(stripped: str, low: bool = False) -> bool:
+    """A traceback's own lines begin a record (never the rest of a line the terminal wrapped)."""
+    if (stripped.lower() if low else stripped).startswith(_RECORD_STARTS_LOW if low else RECORD_STARTS):
+        return not stripped[:8].lower().startswith("process ") or bool(_PROCESS_LINE.match(stripped))
+    return False
 
 
 def _rank_of(proc: str) -> int | None:
@@ -188,20 +197,25 @@ def _rank_of(proc: str) -> int | None:
     return _RANK_OF[proc]
 
 
+def _headed(m: re.Match, seg: str) -> tuple[str, int, int | None, str | None]:
+    """The record of a line ``_FAST`` matched: one optional process tag, then vLLM's or uvicorn's header."""
+    proc = m.group("proc")
+    rank = _rank_of(proc) if proc else None
+    text = seg[m.end():]
+    if text[:1] == "(":   # 0.31+ puts the process tag inside the log format
+        m2 = _LEAD.match(text)
+        if m2 and m2.group("proc"):
+            proc = m2.group("proc")
+            rank = _rank_of(proc)
+            text = text[m2.end():]
+    return text, LEVELS[m.group("lvl") or m.group("ulvl")], rank, proc
+
+
 def strip_header(seg: str) -> tuple[str, int, int | None, str | None]:
     """vLLM's own prefixes off one line: (message, level, TP rank or None, process tag or None)."""
     m = _FAST.match(seg)   # the common case: one optional process tag, then a log header
     if m:
-        proc = m.group("proc")
-        rank = _rank_of(proc) if proc else None
-        text = seg[m.end():]
-        if text[:1] == "(":   # 0.31+ puts the process tag inside the log format
-            m2 = _LEAD.match(text)
-            if m2 and m2.group("proc"):
-                proc = m2.group("proc")
-                rank = _rank_of(proc)
-                text = text[m2.end():]
-        return text, LEVELS[m.group("lvl") or m.group("ulvl")], rank, proc
+        return _headed(m, seg)
     text = seg
     rank = proc = None
     level = Level.RAW
@@ -594,6 +608,7 @@ class Normalizer:
         self._near80 = 0
         self._long_seen = False
         self._out: list[Record] = []
+        self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
 
     # ------------------------------------------------------------------ public
     @property
@@ -607,21 +622,34 @@ class Normalizer:
         return self._max_width if self._confirmed() else None
 
     def feed(self, line: str | bytes) -> list[Record]:
-        if isinstance(line, (bytes, bytearray)):
+        if type(line) is bytes:
+            line = line.decode("utf-8", "replace")
+        elif isinstance(line, (bytes, bytearray)):
             line = bytes(line).decode("utf-8", "replace")
         elif not isinstance(line, str):
             line = str(line)
+        if line[-1:] == "\n":
+            line = line.rstrip("\r\n")
+        if (self._plain and line[:1] in _FAST_FIRST and len(line) <= 400 and "\x1b" not in line
+                and "\r" not in line and "\n" not in line and "\x00" not in line):
+            # the common case, a live vLLM's own line: its header read once, nothing to undo or hold (a
+            # line starting with vLLM's header carries no ANSI remnants: those come before the header)
+            m = _FAST.match(line)
+            if m:
+                self._new_block = self._all_quoted = False
+                return [Record(*_headed(m, line))]
         if "\x00" in line:
             line = line.replace("\x00", "")
         self._out = out = []
-        if line[-1:] == "\n":
-            line = line.rstrip("\r\n")
         if "\r" in line or "\n" in line:
             for seg in _EOL.split(line):
                 if seg:
                     self._physical(seg)
         elif line:
             self._physical(line)
+        self._plain = (self._long_seen and self._pending is None and not self._held and self._order != "newest"
+                       and not self._partial and not self._json_buf and not self._block_lead
+                       and not self._quote_depth)
         return out
 
     def flush(self) -> list[Record]:
@@ -887,7 +915,7 @@ class Normalizer:
                     and raw[:1] not in (" ", "\t"))
             stripped = text.lstrip()
             if (maybe and level == Level.RAW and proc is None and rank is None and carried is None and (exact or soft)
-                    and not (stripped.lower() if low else stripped).startswith(_RECORD_STARTS_LOW if low else RECORD_STARTS)
+                    and not _begins_record(stripped, low)
                     and not (_EXC_ANY_CASE.match(text) and _ends_a_frame(praw))   # the exception under a traceback
                     # not known to be wrapped yet: a line that begins like a message begins its own
                     and (confirmed or not raw[:1].isupper())

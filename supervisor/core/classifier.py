@@ -468,17 +468,17 @@ class Classifier:
         best = self._best
         if best is None or prio > best.prio:
             self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional)
+        elif prio == best.prio and _whole(best.evidence, text):
+            # the same record whole again (a piece of a wrapped line was read on its own first)
+            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
         elif best.kind in _OOM_KINDS and kind in _OOM_KINDS and prio == best.prio:
             # V0 logs str(e) before the traceback: a later copy with frames places it better.
-            merged = {**best.numbers, **numbers} if _whole(best.evidence, text) else {**numbers, **best.numbers}
+            merged = {**numbers, **best.numbers}
             if (best.placed == "milestone" and placed in ("frames", "serving")
                     or best.placed == "none" and placed in ("frames", "serving", "milestone")):
                 self._best = Verdict(prio, kind, best.evidence, merged, phase, placed, False)
             else:
                 self._best = best._replace(numbers=merged, provisional=False)
-        elif kind is best.kind and prio == best.prio and _whole(best.evidence, text):
-            # the same record whole again (a piece of a wrapped line was read first): its numbers
-            self._best = best._replace(evidence=text, numbers={**best.numbers, **numbers})
         elif kind is best.kind and prio == best.prio and best.provisional and not provisional:
             # vLLM gave up waiting (a placement group it could not get): its own error says it best
             merged = {k: v for k, v in {**best.numbers, **numbers}.items() if k != "grace_s"}

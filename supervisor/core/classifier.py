@@ -35,8 +35,8 @@ from typing import Any, Iterable, NamedTuple
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, UNKNOWN_PHASE, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, SERVING_FRAMES,
-                                      STOP_PREFIXES, VOCABULARY,
+from supervisor.core.messages import (COLLATERAL_ERRORS, PLUGIN_FILE, RAISED_ONLY, REQUEST_ERRORS, REQUEST_FRAMES,
+                                      REQUEST_LOGS, RUNTIME_MARKERS, SERVING_FRAMES, STOP_PREFIXES, VOCABULARY,
                                       _CAPTURE, _CUDA, _FATAL, _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS,
                                       _MILESTONE_PREFIXES, _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS,
                                       _WARN_RULES, _WEAK_FRAMES, _info_numbers)
@@ -52,6 +52,7 @@ _INFO, _WARN, _ERROR, _RAW = Level.INFO, Level.WARN, Level.ERROR, Level.RAW
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+,? in ([\w<>.]+)')   # faulthandler writes no comma
 _ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["'](\w+)["']""")
 _METHOD = re.compile(r"(?:Error executing method|while processing method) '?(\w+)")
+_RAISED = re.compile(r"(?:Error|Exception|error)[:,] |^\s*raise ")      # ValueError: ..., pydantic's Value error, ...
 
 
 class Verdict(NamedTuple):
@@ -64,6 +65,8 @@ class Verdict(NamedTuple):
     phase: str
     placed: str = ""      # what placed an OOM: "message", "serving", "frames", "milestone"
     provisional: bool = False   # vLLM only warned and may recover (a placement group Ray has not provided yet)
+    quiet: bool = False   # read from numbers a start-up line states: not announced while streaming (the
+    #                       error follows at once), withdrawn if the start-up goes on past it
 
 
 class Classifier:
@@ -86,6 +89,8 @@ class Classifier:
         self._other_thread = False   # ... of a thread other than the one that crashed
         self._after_fatal = False    # the frames just after a "Fatal Python error" belong to it
         self._request = False        # the current traceback is the API server handling one request
+        self._request_next = False   # ... and so is the next one (the handler logged its error first)
+        self._last_file = ""         # the file of the current traceback's last frame
         self._runtime = False        # a serving-time wrapper was seen: the engine was running when it died
         self._env_read: str | None = None     # the variable the current traceback's source line reads
         self._raise_open = False     # a `raise X(` source line whose message continues on the next line
@@ -147,7 +152,7 @@ class Classifier:
 
     def _verdict(self, exit_code: int | None) -> Diagnosis:
         if self._best is not None and not (self._terminated and self._best.prio < 25):
-            prio, kind, evidence, nums, phase, placed, _ = self._best
+            prio, kind, evidence, nums, phase, placed = self._best[:6]
             if prio <= _WRAPPER and (self._last_exc or self._exc_after_wrapper):
                 # a wrapper ("Engine core initialization failed") around a root cause no rule names
                 kind, evidence = Kind.UNKNOWN_FAILURE, self._last_exc or self._exc_after_wrapper
@@ -193,17 +198,19 @@ class Classifier:
     # ------------------------------------------------------------------ internals
     def _feed(self, records: list[Record]) -> Diagnosis | None:
         before = self._best
-        for text, level, rank, proc, pasted in records:
+        for text, level, rank, proc, pasted, joined in records:
             self.lines.append(text[:_KEEP])
             if level != _RAW:
                 self._from_vllm = True
+            if joined and level == _INFO:
+                pasted = None       # an INFO line joined to what may be the next record: never a failure
             self._line(text, level, rank, pasted)
-        if self._best is not before and self._best is not None and not self._announced:
+        if self._best is not before and self._best is not None and not self._announced and not self._best.quiet:
             self._announced = True
             return self._verdict(None)
         return None
 
-    def _line(self, text: str, level: int, rank: int | None, pasted: bool = False) -> None:
+    def _line(self, text: str, level: int, rank: int | None, pasted: bool | None = False) -> None:
         stripped = text.lstrip()
         if stripped.startswith("File \""):
             m = _FRAME.match(stripped)
@@ -216,7 +223,8 @@ class Classifier:
             return
         elif stripped.startswith("Traceback (most recent call last)"):
             self._frame_phase, self._frame_strong, self._env_read, self._frame_serving = None, False, None, False
-            self._recent_first = self._after_fatal = self._raise_open = self._request = self._other_thread = False
+            self._recent_first = self._after_fatal = self._raise_open = self._other_thread = False
+            self._request, self._request_next, self._last_file = self._request_next, False, ""
             self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
             return
         elif stripped.endswith("(most recent call first):"):   # faulthandler's dump of a dying interpreter
@@ -242,11 +250,15 @@ class Classifier:
                                 or "max_seq_len=" in text or "parallel_size" in text
                                 or (self._phase <= 1 and "version" in text)):
             self._milestone(text, level, rank)
+        if level != _INFO and text.startswith(REQUEST_LOGS):
+            self._request_next = True    # a request's error: the server serves, the traceback is the request's
+            if not self._serving:
+                self._serving, self._phase = True, _PHASE["serving"]
         if level == _INFO:
             if not self._serving and (text.startswith(_SERVING_PREFIXES) or ' HTTP/1.1" ' in text):
                 self._serving = True     # a request served: the start-up line may not have been kept
                 self._phase = _PHASE["serving"]
-            if not pasted and "error: " not in text:
+            if pasted is None or (not pasted and "error: " not in text):
                 return   # INFO/DEBUG records never carry a failure
             pasted = True   # an argparse error glued to an INFO record (a paste without line breaks)
         if level == _WARN:
@@ -258,8 +270,9 @@ class Classifier:
 
     def _frame(self, m: re.Match, stripped: str) -> None:
         """A traceback frame: where the failure happened, read from the deepest frame of a known phase."""
-        self._open_traceback = stripped[:200]
+        self._open_traceback = "" if self._request else stripped[:200]    # a request's: never the start-up's
         self._from_vllm = True
+        self._last_file = m.group(1)
         name = m.group(2).rsplit(".", 1)[-1]
         ours = "vllm" in m.group(1)      # vLLM's own files (and its plugins'): torch._dynamo has a `step` too
         if ours and name in SERVING_FRAMES and not self._other_thread:
@@ -315,6 +328,8 @@ class Classifier:
                 self._frame_serving = False
                 if self._best is not None and self._best.provisional and new >= _PHASE["loading"]:
                     self._best, self._announced = None, False   # the placement group came after all
+                elif self._best is not None and self._best.quiet and new > _PHASE["kv_cache"]:
+                    self._best = None            # no KV cache blocks, and it went on: an attention-free model
                 break
         else:
             if text.startswith(_INFO_PREFIXES):
@@ -330,6 +345,12 @@ class Classifier:
         if old and "vllm_version" in found and not found["vllm_version"].startswith(old):
             del found["vllm_version"]   # the first launch's version stands
         self._numbers.update(found)
+        if found.get("available_kv_gib", 1) <= 0 or found.get("num_gpu_blocks", 1) == 0:
+            # nothing left for the KV cache, as the sizing line says it (vLLM raises "No available memory
+            # for the cache blocks" right after; a paste may stop before it). An attention-free model has
+            # no blocks and goes on: the verdict is withdrawn when the start-up passes this phase.
+            self._offer(20, Kind.NO_KV_CACHE_MEMORY, text, {k: found[k] for k in ("available_kv_gib", "num_gpu_blocks")
+                                                             if k in found}, "kv_cache", quiet=True)
 
     def _new_launch(self) -> None:
         """A second launch's banner in the same log: its start-up starts over."""
@@ -385,6 +406,8 @@ class Classifier:
                 self._unrecognised(text, level, rank)
             return
         keys, kind, prio, extract = _RULES[hit]
+        if level == _RAW and any(k in text for k in RAISED_ONLY) and not _RAISED.search(text):
+            return   # also a WARNING's text: without its header only the raised form is the failure
         prio = min(prio, cap)
         if (self._terminated or self._stopping) and prio < 30:
             return   # the wrappers our own SIGTERM provokes are not failures
@@ -419,6 +442,11 @@ class Classifier:
         if self._in_capture() and not self._serving and not self._terminated:
             numbers = {"rank": rank} if rank is not None else {}
             self._offer(30, Kind.OOM_CUDAGRAPH, text, numbers, "cudagraph")
+            return
+        plugin = PLUGIN_FILE.search(self._last_file) if self._last_file else None
+        if plugin and not self._terminated:
+            # raised in a vLLM plugin's own code: a plugin built for another vLLM (an installation error)
+            self._offer(20, Kind.CONFIG_ERROR, text, {"plugin": plugin.group(1)}, self._place())
             return
         if self._best is None:
             if not self._last_exc:
@@ -464,10 +492,12 @@ class Classifier:
         return kind, where, placed
 
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
-               provisional: bool = False) -> None:
+               provisional: bool = False, quiet: bool = False) -> None:
         best = self._best
         if best is None or prio > best.prio:
-            self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional)
+            self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional, quiet)
+        elif best.quiet and prio == best.prio and not quiet:
+            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
         elif prio == best.prio and _whole(best.evidence, text):
             # the same record whole again (a piece of a wrapped line was read on its own first)
             self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
@@ -635,6 +665,9 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
     if kind is Kind.CONFIG_ERROR:
         if "required_gpus" in n or "required_placement_groups" in n:
             return _gpus_detail(n)
+        if n.get("plugin"):
+            return (f"The vLLM plugin {n['plugin']} failed in its own code: usually a plugin built for another vLLM "
+                    "release. Install the plugin's release that matches this vLLM; changing flags will not help.")
         if n.get("env_var"):
             return (f"vLLM could not read the environment variable {n['env_var']}: set it to a valid value "
                     "or unset it; changing flags will not help.")

@@ -270,6 +270,18 @@ def _placement_numbers(text: str) -> dict[str, Any]:
 REQUEST_ERRORS = ("maximum context length is", "Please reduce the length of the messages",
                   "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"",
                   "is longer than the maximum model length of", "VLLMValidationError")
+#: Texts vLLM prints both as a WARNING (the start-up goes on) and raised (it stops): without a log
+#: header, only the raised form (``ValueError: ...``, pydantic's ``Value error, ...``) is the failure.
+RAISED_ONLY = ("Unknown vLLM environment variable detected", "is greater than the derived max_model_len")
+#: What the API server logs while it handles one request: it serves, and the traceback that follows
+#: (however much of it was pasted) is that request's (answered 4xx/5xx).
+REQUEST_LOGS = ("Error in preprocessing prompt inputs", "Error in chat completion stream generator",
+                "Error in completion stream generator", "Error serializing chat completion stream",
+                "Error trying to handle streaming tool call", "Error in extracting tool call from response",
+                "Exception in ASGI application")
+#: An exception raised in a vLLM plugin's own code (an out-of-tree platform or model package, such as
+#: vllm_ascend or vllm_gaudi) that no rule names: a plugin built for another vLLM release.
+PLUGIN_FILE = re.compile(r"[/\\](?:site|dist)-packages[/\\](vllm[_-](?!flash_attn)[A-Za-z0-9_]+)[/\\]")
 #: Frames of the API server handling one request: an exception no rule names in such a traceback is
 #: that request's error (answered 4xx/5xx), not the engine's.
 REQUEST_FRAMES = frozenset({
@@ -376,7 +388,11 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Input socket thread died", "Did not receive response from front-end process", "Engine process (pid",
       "Engine is dead.", "died, exit code", "died unexpectedly"),
      Kind.ENGINE_DEAD, 25, None),
-    (("validation error for", "failed to be inspected"), Kind.CONFIG_ERROR, 20, None),
+    # pydantic's wrapper, and the model-inspection subprocess vLLM runs to read a model's code (the
+    # registry's _run_in_subprocess: it fails when the model's code, or a package it needs, cannot load)
+    (("validation error for", "failed to be inspected", "Error in inspecting model architecture",
+      "Error raised in subprocess", "vllm.model_executor.models.registry']' returned non-zero exit status"),
+     Kind.CONFIG_ERROR, 20, None),
     (("Engine core initialization failed", "EngineCore initialization failed",
       "EngineCore_0 initialization failed", "EngineCore failed to start", "EngineCore encountered",
       "EngineCore hit an exception", "Got fatal signal from worker processes", "EngineDeadError",

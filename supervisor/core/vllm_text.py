@@ -114,6 +114,7 @@ class Record(NamedTuple):
     rank: int | None = None
     proc: str | None = None      # the process tag: EngineCore_DP0, Worker_TP1, VllmWorkerProcess, ...
     pasted: bool = False         # cut out of a paste that lost its line breaks
+    joined: bool = False         # a line and what may be its continuation, joined while not yet known to be
 
 
 # --------------------------------------------------------------------------- vLLM's own prefixes
@@ -917,8 +918,6 @@ class Normalizer:
             if (maybe and level == Level.RAW and proc is None and rank is None and carried is None and (exact or soft)
                     and not _begins_record(stripped, low)
                     and not (_EXC_ANY_CASE.match(text) and _ends_a_frame(praw))   # the exception under a traceback
-                    # not known to be wrapped yet: a line that begins like a message begins its own
-                    and (confirmed or not raw[:1].isupper())
                     and (exact or not ptext.startswith("    "))):
                 if pline:                 # the carrier's prefix itself may be what the wrap cut
                     pline = (pline + raw if exact else pline.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
@@ -930,7 +929,7 @@ class Normalizer:
                 # is known to be wrapped
                 if not confirmed:
                     out.append(self._record(raw, low))
-                    out.append(self._record(joined, plow and low))
+                    out.append(self._record(joined, plow and low)._replace(joined=True))
                 self._prev_width = width
                 return
             self._flush_pending()

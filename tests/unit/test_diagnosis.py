@@ -484,13 +484,24 @@ def test_an_error_with_a_traceback_no_rule_names_is_an_unknown_failure(before: l
     assert got.evidence == "KeyError: 'model.layers.0.mlp.experts.w13_weight'"
 
 
-def test_model_inspection_failing_in_a_subprocess_is_not_healthy() -> None:
-    got = classify([
-        "ERROR 05-02 10:00:00 [registry.py:360] Error in inspecting model architecture 'Qwen2ForCausalLM'",
-        "ERROR 05-02 10:00:00 [registry.py:360] Traceback (most recent call last):",
-        "ERROR 05-02 10:00:00 [registry.py:360] subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', "
-        "'vllm.model_executor.models.registry']' returned non-zero exit status 1."])
-    assert got.kind is Kind.UNKNOWN_FAILURE and "CalledProcessError" in got.evidence
+def test_model_inspection_failing_in_a_subprocess_is_a_configuration_error() -> None:
+    """vLLM reads a model's code in a subprocess (model_executor/models/registry.py: _run_in_subprocess);
+    it fails when that code, or a package it needs, cannot load: an installation or model problem
+    that no relaunch fixes. (Was unknown_failure; issue 22 names it: configuration/installation.)"""
+    e = "ERROR 05-02 10:00:00 [registry.py:360] "
+    cut = [e + "Error in inspecting model architecture 'Qwen2ForCausalLM'", e + "Traceback (most recent call last):",
+           e + '  File "/usr/local/lib/python3.10/dist-packages/vllm/model_executor/models/registry.py", line 587, in '
+               "_run_in_subprocess",
+           e + "subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', "
+               "'vllm.model_executor.models.registry']' returned non-zero exit status 1."]
+    got = classify(cut)
+    assert got.kind is Kind.CONFIG_ERROR and "Qwen2ForCausalLM" in got.evidence
+    assert classify(cut[3:]).kind is Kind.CONFIG_ERROR            # the subprocess's exit alone
+    # the subprocess's own error, quoted by the wrapper, names the root cause when a rule knows it
+    root = classify(cut + [e + "The above exception was the direct cause of the following exception:",
+                           e + "RuntimeError: Error raised in subprocess:",
+                           e + "ModuleNotFoundError: No module named 'flash_attn'"])
+    assert root.kind is Kind.CONFIG_ERROR and root.evidence == "ModuleNotFoundError: No module named 'flash_attn'"
     then = classify(["ValueError: Model architectures ['Qwen2ForCausalLM'] failed to be inspected. Please check the logs "
                      "for more details."])
     assert then.kind is Kind.CONFIG_ERROR
@@ -834,3 +845,93 @@ def test_vllm_0_3_profiling_frames_place_an_oom() -> None:
              "14.50 GiB already allocated; 3.06 MiB free; 14.60 GiB reserved in total by PyTorch)"]
     got = classify(lines, 1)
     assert (got.kind, got.phase) == (Kind.OOM_PROFILE, "profiling")
+
+
+# --------------------------------------------------------------------------- numbers that say the kind
+@pytest.mark.parametrize("line, number", [
+    # V1 gpu_worker.determine_available_memory (0.9.1+): logger.info("Available KV cache memory: %.2f GiB")
+    ("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] Available KV cache memory: -2.77 GiB",
+     ("available_kv_gib", -2.77)),
+    # V0 worker.determine_num_available_blocks (0.6.4-0.7): the profile's summary, one record of several lines
+    ("INFO 10-15 12:00:12 worker.py:232] model weights take 14.99GiB; non_torch_memory takes 0.09GiB; PyTorch "
+     "activation peak memory takes 7.35GiB; the rest of the memory reserved for KV Cache is -1.05GiB.",
+     ("available_kv_gib", -1.05)),
+    # V0 executor_base.initialize_cache (0.7): logger.info("# %s blocks: %d, # CPU blocks: %d")
+    ("INFO 10-15 12:00:13 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
+    ("INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
+])
+def test_no_memory_left_for_the_kv_cache_is_read_from_the_sizing_line_when_the_traceback_is_cut(line: str, number: tuple) -> None:
+    c = Classifier()
+    assert c.feed("INFO 10-15 12:00:10 model_runner.py:1077] Loading model weights took 14.9595 GB") is None
+    assert c.feed(line) is None      # not announced while streaming: vLLM raises at once, or goes on
+    got = c.diagnose(None)
+    assert (got.kind, got.phase) == (Kind.NO_KV_CACHE_MEMORY, "kv_cache")
+    assert got.numbers[number[0]] == number[1]
+    # the error itself, when it comes, is the evidence
+    err = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
+    assert c.feed(err) is not None and c.diagnose(1).evidence == err
+
+
+def test_zero_blocks_of_an_attention_free_model_that_goes_on_is_no_failure() -> None:
+    """V0 gives an attention-free model (Mamba) no cache blocks and goes on (worker.raise_if_cache_size_invalid)."""
+    lines = ["INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 0",
+             "INFO 10-15 12:00:14 model_runner.py:1404] Capturing cudagraphs for decoding.",
+             "INFO 10-15 12:00:30 launcher.py:19] Available routes are:", "INFO:     Application startup complete."]
+    assert classify(lines).kind is Kind.HEALTHY
+    assert classify(["INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 2471, # CPU blocks: 2048"]).kind \
+        is Kind.INCOMPLETE
+
+
+# --------------------------------------------------------------------------- wrapped causes with a plain meaning
+def test_an_exception_raised_in_a_vllm_plugins_own_code_is_an_installation_error() -> None:
+    """An out-of-tree platform plugin (vllm-ascend) failing in its own profile_run: a plugin that does not
+    match the installed vLLM."""
+    p = "/usr/local/python3.10/lib/python3.10/site-packages"
+    lines = ["(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] EngineCore failed to start.",
+             "Traceback (most recent call last):",
+             f'  File "{p}/vllm/v1/engine/core.py", line 709, in run_engine_core',
+             f'  File "{p}/vllm_ascend/worker/worker_v1.py", line 214, in determine_available_memory',
+             f'  File "{p}/vllm_ascend/worker/model_runner_v1.py", line 2411, in profile_run',
+             "KeyError: 'attn_metadata'",
+             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.CONFIG_ERROR, "profiling")
+    assert got.numbers["plugin"] == "vllm_ascend" and "vllm_ascend" in got.detail
+    assert got.evidence == "KeyError: 'attn_metadata'"
+    # the same exception raised in vLLM's own code stays an unknown failure (a checkpoint's missing key)
+    own = lines[:3] + [f'  File "{p}/vllm/model_executor/models/llama.py", line 480, in load_weights',
+                       "KeyError: 'model.layers.0.mlp.gate_proj.weight'", lines[-1]]
+    assert classify(own, 1).kind is Kind.UNKNOWN_FAILURE
+
+
+# --------------------------------------------------------------------------- a request's error stays the request's
+def test_a_requests_error_stays_the_requests_when_the_paste_stops_before_its_exception_line() -> None:
+    lines = ["(APIServer pid=1) ERROR 09-20 10:00:02 [serving_chat.py:222] Error in preprocessing prompt inputs",
+             "(APIServer pid=1) Traceback (most recent call last):",
+             f'(APIServer pid=1)   File "{_S}/entrypoints/openai/serving_chat.py", line 196, in create_chat_completion',
+             f'(APIServer pid=1)   File "{_S}/entrypoints/openai/serving_engine.py", line 808, in _preprocess_chat']
+    for cut in range(1, len(lines) + 1):
+        got = classify(lines[:cut])
+        assert got.kind is Kind.HEALTHY and got.phase == "serving", (cut, got)
+
+
+# --------------------------------------------------------------------------- warnings are not fatal
+@pytest.mark.parametrize("line", [
+    # journalctl -u vllm-guard: vLLM's WARNING behind journald's prefix (envs.py / platforms validate_environ)
+    "Aug 19 18:30:11 gpu-host vllm-guard[8707]: (APIServer pid=8710) WARNING 08-19 18:30:11 [interface.py:1470] "
+    "Unknown vLLM environment variable detected: VLLM_USE_V1",
+    # the same message with its header lost (a paste of the message alone): the raised form says ValueError
+    "Unknown vLLM environment variable detected: VLLM_USE_V1",
+    "User-specified max_model_len (65536) is greater than the derived max_model_len (max_position_embeddings=32768 or "
+    "model_max_length=None in model's config.json). VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution.",
+])
+def test_a_text_vllm_also_only_warns_is_fatal_only_in_its_raised_form(line: str) -> None:
+    assert not classify([line]).names_a_failure
+
+
+def test_the_raised_forms_of_those_texts_are_fatal() -> None:
+    assert classify(["ValueError: Unknown vLLM environment variable detected: VLLM_USE_V1"], 1).kind is Kind.CONFIG_ERROR
+    got = classify(["  Value error, User-specified max_model_len (65536) is greater than the derived max_model_len "
+                    "(max_position_embeddings=32768 or model_max_length=None in model's config.json). To allow "
+                    "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."], 1)
+    assert got.kind is Kind.MAX_LEN_EXCEEDS_MODEL and got.numbers["derived_max_model_len"] == 32768

@@ -35,7 +35,7 @@ from typing import Any, Iterable, NamedTuple
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, UNKNOWN_PHASE, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, PLUGIN_FILE, RAISED_ONLY, REQUEST_ERRORS, REQUEST_FRAMES,
+from supervisor.core.messages import (COLLATERAL_ERRORS, ENGINE_BANNERS, ENGINE_FILES, ENGINE_PROCS, ENGINE_WORDS, PLUGIN_FILE, RAISED_ONLY, REQUEST_ERRORS, REQUEST_FRAMES,
                                       REQUEST_LOGS, RUNTIME_MARKERS, SERVING_FRAMES, STOP_PREFIXES, VOCABULARY,
                                       _CAPTURE, _CUDA, _FATAL, _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS,
                                       _MILESTONE_PREFIXES, _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS,
@@ -101,6 +101,9 @@ class Classifier:
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
         self._from_vllm = False      # a log header, a milestone or a traceback was seen
         self._text = Normalizer(VOCABULARY)   # the one normalisation of vLLM's text
+        self._engine: str | None = None       # the engine generation its banner named
+        self._engine_seen = {"v0": 0, "v1": 0}   # ... else what its tags, files and words show
+        self._last_proc = ""
         self.feed_errors = 0         # lines whose reading raised (a bug in a rule): counted, never raised
         self.last_feed_error = ""
 
@@ -118,7 +121,24 @@ class Classifier:
     @property
     def numbers(self) -> dict:
         """Numbers stated so far by milestone and configuration lines."""
-        return _public(dict(self._numbers))
+        return _public(self._with_engine(dict(self._numbers)))
+
+    @property
+    def engine(self) -> str | None:
+        """``"v0"`` or ``"v1"``: the engine generation the log shows (None: it shows neither)."""
+        if self._engine:
+            return self._engine
+        v0, v1 = self._engine_seen["v0"], self._engine_seen["v1"]
+        return None if v0 == v1 else ("v0" if v0 > v1 else "v1")
+
+    def _with_engine(self, numbers: dict[str, Any]) -> dict[str, Any]:
+        engine = self.engine
+        if engine and "engine" not in numbers:
+            numbers["engine"] = engine
+        return numbers
+
+    def _saw(self, engine: str) -> None:
+        self._engine_seen[engine] += 1
 
     @property
     def carrier(self) -> str | None:
@@ -159,14 +179,14 @@ class Classifier:
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
             elif kind in _OOM_KINDS and placed in ("milestone", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
-            numbers = {**self._numbers, **nums}
+            numbers = self._with_engine({**self._numbers, **nums})
             if kind is Kind.CONFIG_ERROR and "required_gpus" not in numbers and (
                     "grace_s" in numbers or "placement group" in evidence.lower() or "available gpus" in evidence.lower()):
                 tp = numbers.get("config_tensor_parallel_size")
                 if tp:
                     numbers["required_gpus"] = tp * (numbers.get("config_pipeline_parallel_size") or 1)
             return Diagnosis(kind, _trim(evidence), _public(numbers), phase, _detail(kind, numbers, phase))
-        numbers = _public(dict(self._numbers))
+        numbers = _public(self._with_engine(dict(self._numbers)))
         if self._terminated or self._stopping:
             return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
                              "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); nothing failed.")
@@ -200,6 +220,12 @@ class Classifier:
         before = self._best
         for text, level, rank, proc, pasted, joined in records:
             self.lines.append(text[:_KEEP])
+            if proc is not None and proc != self._last_proc:
+                self._last_proc = proc
+                for tag, engine in ENGINE_PROCS:
+                    if proc.startswith(tag):
+                        self._saw(engine)
+                        break
             if level != _RAW:
                 self._from_vllm = True
             if joined and level == _INFO:
@@ -272,7 +298,12 @@ class Classifier:
         """A traceback frame: where the failure happened, read from the deepest frame of a known phase."""
         self._open_traceback = "" if self._request else stripped[:200]    # a request's: never the start-up's
         self._from_vllm = True
-        self._last_file = m.group(1)
+        path = self._last_file = m.group(1)
+        if "/vllm/" in path:
+            for part, engine in ENGINE_FILES:
+                if part in path:
+                    self._saw(engine)
+                    break
         name = m.group(2).rsplit(".", 1)[-1]
         ours = "vllm" in m.group(1)      # vLLM's own files (and its plugins'): torch._dynamo has a `step` too
         if ours and name in SERVING_FRAMES and not self._other_thread:
@@ -312,6 +343,14 @@ class Classifier:
                 return
 
     def _milestone(self, text: str, level: int = _INFO, rank: int | None = None) -> None:
+        if text[:1] in "IGAM#tCLSE":       # the first letters of ENGINE_BANNERS' and ENGINE_WORDS' texts
+            for banner, engine in ENGINE_BANNERS:
+                if text.startswith(banner):
+                    self._engine = engine
+            for word, engine in ENGINE_WORDS:
+                if text.startswith(word):
+                    self._saw(engine)
+                    break
         for prefix, phase in _MILESTONES:
             if text.startswith(prefix):
                 new = _PHASE[phase]
@@ -396,6 +435,11 @@ class Classifier:
             return
         if not self._runtime and any(m in text for m in RUNTIME_MARKERS):
             self._runtime = True
+        if "Engine" in text:
+            for word, engine in ENGINE_WORDS:
+                if word in text:
+                    self._saw(engine)
+                    break
         hit = None
         for key, index in _KEYS:
             if key in text:

@@ -540,6 +540,24 @@ SERVING_FRAMES = frozenset({
     "_run_output_handler", "process_outputs_socket", "get_output_async", "generate",
     "_compute_prefill_context", "run_prefill_context_chunk", "_context_parallel_compute_prefill_context",
 }) | REQUEST_FRAMES
+#: What shows the engine generation in a log whose version is unknown (a wrapper, a stand-in, a build
+#: that hides it), read in vLLM's source: its own banner, the process tags of its processes, its files,
+#: the words only one generation prints (V0's block count and memory profile summary, V1's KV cache
+#: size and engine-core wrappers).
+ENGINE_BANNERS = (("Initializing a V1 LLM engine", "v1"), ("Initializing a V0 LLM engine", "v0"))
+ENGINE_WORDS = (
+    ("GPU KV cache size", "v1"), ("Available KV cache memory", "v1"), ("EngineCore failed to start", "v1"),
+    ("EngineCore encountered", "v1"), ("AsyncLLM output_handler failed", "v1"), ("Engine core initialization failed", "v1"),
+    ("# GPU blocks", "v0"), ("# cuda blocks", "v0"), ("Memory profiling takes", "v0"),
+    ("the current vLLM instance can use", "v0"), ("Capturing cudagraphs for decoding", "v0"),
+    ("Capturing the model for CUDA graphs", "v0"), ("Loading model weights took", "v0"),
+    ("Started engine process with PID", "v0"), ("Engine background task failed", "v0"),
+    ("AsyncLLMEngine has failed", "v0"), ("Engine process failed to start", "v0"))
+ENGINE_PROCS = (("EngineCore", "v1"), ("VllmWorker rank=", "v1"), ("VllmWorker TP", "v1"), ("Worker_", "v1"),
+                ("VllmWorkerProcess", "v0"))
+ENGINE_FILES = (("/vllm/v1/", "v1"), ("/vllm/worker/worker.py", "v0"), ("/vllm/worker/model_runner.py", "v0"),
+                ("/vllm/engine/async_llm_engine.py", "v0"), ("/vllm/engine/llm_engine.py", "v0"),
+                ("/vllm/engine/multiprocessing/", "v0"), ("/vllm/worker/cache_engine.py", "v0"))
 #: Frames that place a failure only when no frame above them in the traceback did.
 _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
     "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}

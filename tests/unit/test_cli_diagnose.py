@@ -155,3 +155,44 @@ def test_gpu_memory_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]
             _run(["--gpu-total-gib", bad, str(KV)])
         assert e.value.code == 2
         assert "is not a positive number of GiB" in capsys.readouterr().err
+
+
+# A V0 start-up (vLLM 0.6.x wording: worker.determine_num_available_blocks' summary, gpu_executor's
+# block count, the MQ engine's error) whose banner was not kept: only the log says which engine ran.
+_V0_NO_KV = """\
+INFO 10-15 12:00:04 model_runner.py:1072] Starting to load model meta-llama/Llama-3.1-8B-Instruct...
+INFO 10-15 12:00:10 model_runner.py:1077] Loading model weights took 14.9595 GB
+INFO 10-15 12:00:12 worker.py:232] Memory profiling takes 1.43 seconds
+INFO 10-15 12:00:12 worker.py:232] the current vLLM instance can use total_gpu_memory (23.68GiB) x gpu_memory_utilization (0.70) = 16.58GiB
+INFO 10-15 12:00:12 worker.py:232] model weights take 14.99GiB; non_torch_memory takes 0.09GiB; PyTorch activation peak memory takes 2.23GiB; the rest of the memory reserved for KV Cache is -0.73GiB.
+INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 2048
+ERROR 10-15 12:00:14 engine.py:366] No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
+Traceback (most recent call last):
+  File "/usr/local/lib/python3.10/dist-packages/vllm/engine/multiprocessing/engine.py", line 357, in run_mp_engine
+  File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 299, in initialize_cache
+  File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 480, in raise_if_cache_size_invalid
+ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
+"""
+
+
+def test_a_v0_log_without_its_version_is_healed_by_v0s_rules(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """V0 sizes the KV cache (determine_num_available_blocks, profile_run without graphs) before it
+    captures CUDA graphs (_warm_up_model, after initialize_cache): eager mode frees no KV memory there.
+    At the share the user set, a smaller batch is what frees it: on V0 below 32768 tokens, chunked
+    prefill (the profile runs one chunk instead of the whole context)."""
+    log = tmp_path / "v0-no-version.log"
+    log.write_text(_V0_NO_KV)
+    assert _run(["--json", "--flags", "--gpu-memory-utilization 0.7 --max-model-len 8192", str(log)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["kind"] == "no_kv_cache_memory" and got["numbers"]["engine"] == "v0"
+    assert "vllm_version" not in got["numbers"]
+    assert got["remedy"]["flags"] == {"--enable-chunked-prefill": ""}, got["remedy"]
+    # the same failure from a V1 engine (its own wording), version hidden too: eager mode first
+    v1 = tmp_path / "v1-no-version.log"
+    v1.write_text("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] Available KV cache memory: -2.77 GiB\n"
+                  "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] EngineCore failed to start.\n"
+                  "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] ValueError: No available memory for the "
+                  "cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n")
+    assert _run(["--json", "--flags", "--gpu-memory-utilization 0.7 --max-model-len 8192", str(v1)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["numbers"]["engine"] == "v1" and got["remedy"]["flags"] == {"--enforce-eager": ""}, got["remedy"]

@@ -243,7 +243,7 @@ def test_progress_numbers_are_exposed_while_streaming() -> None:
         assert c.feed(line) is None
     assert c.numbers == {"vllm_version": "0.32.0", "block_size": 128, "model_loading_gib": 0.94,
                          "available_kv_gib": 3.5, "kv_cache_tokens": 1117584, "auto_fit_max_model_len": 41840,
-                         "served_max_model_len": 41840}
+                         "served_max_model_len": 41840, "engine": "v1"}   # "Initializing a V1 LLM engine"
     assert c.phase == "kv_cache"
     assert not c.serving
     c.feed("(APIServer pid=1) INFO 09-20 10:00:09 [entry.py:1] Starting vLLM server on http://0.0.0.0:8000")

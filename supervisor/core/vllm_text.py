@@ -166,7 +166,7 @@ def _starts_record(text: str) -> bool:
     body = text.lstrip(" \t")
     return bool(_vllm_starts(body) or _FAST_ANY_CASE.match(body) or body.startswith(RECORD_STARTS)
                 or body.startswith(("[rank", '{"', "$ ", "vllm serve", "python -m vllm", "python3 -m vllm"))
-                or _EXC_ANY_CASE.match(body) or peel(body).carriers)
+                or _EXC_ANY_CASE.match(body) or strip_carriers(body).carriers)
 
 
 def _ends_a_frame(raw: str) -> bool:
@@ -270,23 +270,21 @@ class Carrier(NamedTuple):
 
 #: The carriers whose prefixes are taken off, with a line of each (the tests render every one).
 CARRIERS: tuple[Carrier, ...] = (
-    Carrier("journald", "journalctl (short, short-precise, short-full, short-iso[-precise], short-monotonic, "
-            "short-unix; -u UNIT)", "Aug 19 18:30:11 gpu-host vllm-guard[8707]: MSG"),
-    Carrier("syslog", "a syslog file or moreutils' ts (month day time)", "Aug 19 18:30:11 MSG"),
-    Carrier("docker", "docker logs --timestamps / kubectl logs --timestamps (RFC 3339, nanoseconds)",
-            "2024-08-19T18:30:11.123456789Z MSG"),
-    Carrier("compose", "docker compose (service-N  | )", "vllm-1  | MSG"),
-    Carrier("cri", "a Kubernetes container log file (CRI: time, stream, F or P for a partial line)",
-            "2024-08-19T18:30:11.123456789Z stderr F MSG"),
-    Carrier("kubectl", "kubectl logs --prefix ([pod/NAME/CONTAINER] )", "[pod/vllm-0/vllm] MSG"),
-    Carrier("ray", "Ray's worker and actor output ((pid=N, ip=A), (Name pid=N), ' [repeated Nx across cluster]')",
-            "(RayWorkerWrapper pid=1234, ip=10.0.0.2) MSG"),
-    Carrier("tag", "a wrapper's tag ([name]: )", "[vllm]: MSG"),
-    Carrier("console", "a cloud console or log viewer (time, then optional host and level: GKE / Cloud Logging, "
-            "CloudWatch, container clouds, some newest first)", "2024-08-19 18:30:11.123 UTC\tERROR\tMSG"),
-    Carrier("json", "JSON log lines (docker's json-file, journalctl -o json, Cloud Logging, fluent-bit)",
-            '{"log":"MSG\\n","stream":"stderr","time":"2024-08-19T18:30:11.123456789Z"}'),
-    Carrier("priority", "a syslog priority (<N>, e.g. a journald-bound stream read raw)", "<6>MSG"),
+    # journalctl's short, short-precise, short-full, short-iso[-precise], short-monotonic, short-unix
+    Carrier("journald", "journalctl", "Aug 19 18:30:11 gpu-host vllm-guard[8707]: MSG"),
+    Carrier("syslog", "a syslog file or moreutils' ts", "Aug 19 18:30:11 MSG"),
+    Carrier("docker", "docker/kubectl logs --timestamps", "2024-08-19T18:30:11.123456789Z MSG"),
+    Carrier("compose", "docker compose", "vllm-1  | MSG"),
+    Carrier("cri", "a Kubernetes container log file", "2024-08-19T18:30:11.123456789Z stderr F MSG"),
+    Carrier("kubectl", "kubectl logs --prefix", "[pod/vllm-0/vllm] MSG"),
+    # "(pid=N, ip=A)", "(Name pid=N, ip=A)", and " [repeated Nx across cluster]" after a folded line
+    Carrier("ray", "Ray's worker and actor output", "(RayWorkerWrapper pid=1234, ip=10.0.0.2) MSG"),
+    Carrier("tag", "a wrapper's tag", "[vllm]: MSG"),
+    # a time stamp, then the console's own host and level (GKE / Cloud Logging, CloudWatch, container clouds)
+    Carrier("console", "a cloud console or log viewer", "2024-08-19 18:30:11.123 UTC\tERROR\tMSG"),
+    # docker's json-file driver, journalctl -o json, Cloud Logging's LogEntry, fluent-bit
+    Carrier("json", "JSON log lines", '{"log":"MSG\\n","stream":"stderr","time":"2024-08-19T18:30:11.123456789Z"}'),
+    Carrier("priority", "syslog priorities", "<6>MSG"),
 )
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
@@ -298,20 +296,20 @@ _LVL_WORD = (r"(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|WARN|ERROR|CRITICAL|ALERT|EM
              r"|debug|info|notice|warning|warn|error|critical|fatal)")
 _STAMPED = re.compile(
     # journald's short-iso / short-iso-precise (before a host and identifier), CRI, docker -t
-    r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:" + _ZONE + r"| ?(?:UTC|GMT|[A-Z][A-Z]?[SD]?T))?)"
+    r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:" + _ZONE + r"|(?-i: ?(?:UTC|GMT|[A-Z][A-Z]?[SD]?T)))?)"
     r"(?:(?P<cri> (?P<stream>stdout|stderr) (?P<tag>[FP])(?: |$))"
     r"|(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))"
-    r"|(?P<sep>\t+|\s*\|\s*| |$))"
+    r"|(?P<sep>\t+|\s*\|\s*| |$))", re.I   # (a paste retyped in lower case: "t", "z")
 )
 _SYSLOG = re.compile(
     # journald's short / short-precise (month day time host ident:), short-full (weekday date time zone ...),
     # and a bare syslog/ts stamp
     r"(?P<ts>(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? [A-Z]{2,5})"
     r"|" + _MON + r" [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,6})?)"
-    r"(?:(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))| |$)"
+    r"(?:(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))| |$)", re.I
 )
-_MONO = re.compile(r"\[ *(?P<ts>\d+\.\d{6})(?: <[ \d.]+>)?\] [\w.-]+ " + _IDENT + r"(?: |$)")   # short-monotonic
-_UNIX = re.compile(r"(?P<ts>\d{9,11}\.\d{6}) [\w.-]+ " + _IDENT + r"(?: |$)")                  # short-unix
+_MONO = re.compile(r"\[ *(?P<ts>\d+\.\d{6})(?: <[ \d.]+>)?\] [\w.-]+ " + _IDENT + r"(?: |$)", re.I)   # short-monotonic
+_UNIX = re.compile(r"(?P<ts>\d{9,11}\.\d{6}) [\w.-]+ " + _IDENT + r"(?: |$)", re.I)                  # short-unix
 _KUBECTL = re.compile(r"\[pod/[^/\]\s]+/[^\]\s]+\] ?")
 _TAG = re.compile(r"\[(?!rank\d|default\d)[A-Za-z][\w.-]*\]: ?")
 _RAY = re.compile(r"\((?:pid=\d+(?:, ip=[^)]*)?|raylet(?:, ip=[^)]*)?|autoscaler[^)]*|gcs_server[^)]*"
@@ -355,7 +353,7 @@ class _Peeled(NamedTuple):
     partial: bool
 
 
-def peel(line: str) -> _Peeled:
+def strip_carriers(line: str) -> _Peeled:
     """The carriers' prefixes off one line: the rest, the carriers found, the time stamp, the stream
     and whether the carrier marked the line as partial (CRI ``P``, a JSON ``log`` without its newline)."""
     text = line
@@ -391,7 +389,7 @@ def peel(line: str) -> _Peeled:
                 name = "journald"
                 if m:
                     ts = ts or m.group("ts")
-        elif c in "JFMASOND" and text[3:4] == " " or c in "MTWFS" and text[3:4] == " ":
+        elif c in "JFMASONDjfmasondTWStws" and text[3:4] == " ":
             m = _SYSLOG.match(text)
             if m:
                 ts = ts or m.group("ts")
@@ -482,7 +480,7 @@ def normalize(line: str | bytes) -> str:
         line = _ANSI.sub("", line)
     if line[:1] == ">":
         line = _QUOTE.sub("", line)
-    return strip_header(peel(line).text)[0].strip()
+    return strip_header(strip_carriers(line).text)[0].strip()
 
 
 # --------------------------------------------------------------------------- lower case
@@ -606,7 +604,8 @@ class Normalizer:
         self._max_width = 0
         self._at_max = 0
         self._at_max_text = ""
-        self._near80 = 0
+        self._hard_seen = 0                         # lines that went on after one as wide as the widest
+        self._soft_seen = 0                         # ... after one a word short of it
         self._long_seen = False
         self._out: list[Record] = []
         self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
@@ -648,6 +647,8 @@ class Normalizer:
                     self._physical(seg)
         elif line:
             self._physical(line)
+        else:
+            self._new_block = True        # a blank line: an indented block may start after it
         self._plain = (self._long_seen and self._pending is None and not self._held and self._order != "newest"
                        and not self._partial and not self._json_buf and not self._block_lead
                        and not self._quote_depth)
@@ -704,7 +705,7 @@ class Normalizer:
         if guard_own(seg):
             self.guard_lines += 1
             return
-        p = peel(seg)
+        p = strip_carriers(seg)
         if not p.carriers:
             if self._partial:          # the terminal's wrap of a partial line of a CRI file
                 stream = next(reversed(self._partial))
@@ -887,15 +888,25 @@ class Normalizer:
         elif width == self._max_width and text != self._at_max_text:
             self._at_max += 1
             self._at_max_text = text
-        if 70 <= width < 80:
-            self._near80 += 1
+
+    def _mode(self) -> str | None:
+        """How the log is known to be wrapped: ``hard`` (a terminal: cut mid-word at one width, every
+        piece but a record's last that wide), ``soft`` (an editor: at words, a line ending before the
+        width when the next word would not fit), None while not known (or not wrapped: a line wider
+        than any wrap was seen)."""
+        if self._long_seen or self._max_width < _WRAP_MIN:
+            return None
+        if self._at_max >= 2 and self._hard_seen >= 2 * self._soft_seen:
+            return "hard"
+        # a line exactly as wide as the widest goes on in an editor's wrap too (it filled the line),
+        # but a terminal never leaves one short that goes on: as many short as full ones is an editor's
+        if self._soft_seen >= 3 and self._soft_seen >= self._hard_seen:
+            return "soft"
+        return None
 
     def _confirmed(self) -> bool:
-        """The log is known to be wrapped: nothing wider than its widest width, reached several times."""
-        if self._long_seen:
-            return False
-        w = self._max_width
-        return (w >= _WRAP_MIN and self._at_max >= 2) or (w <= 80 and self._near80 >= 3)
+        """The log is known to be wrapped."""
+        return self._mode() is not None
 
     def _wrap(self, raw: str, width: int, carried: str | None, low: bool) -> None:
         """Re-join hard-wrapped lines: a line with no header, process tag or carrier of its own, after
@@ -904,24 +915,32 @@ class Normalizer:
         text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
         self._note_width(width, text)
         maybe = not self._long_seen
-        confirmed = self._confirmed()
+        mode = self._mode()
+        confirmed = mode is not None
         w = self._max_width
         out = self._out
         if self._pending is not None:
             praw, ptext, done, plow, pline = self._pending
             pw = self._prev_width
-            exact = pw == w and pw >= _WRAP_MIN
-            # at a word (an editor's wrap): only where the log is not known to be cut mid-word
-            soft = (not exact and 60 <= pw >= w - 20 and not (self._at_max >= 2 and w >= _WRAP_MIN)
-                    and raw[:1] not in (" ", "\t"))
             stripped = text.lstrip()
-            if (maybe and level == Level.RAW and proc is None and rank is None and carried is None and (exact or soft)
-                    and not _begins_record(stripped, low)
+            goes_on = (maybe and level == Level.RAW and proc is None and rank is None and carried is None
+                       and not _begins_record(stripped, low))
+            first = len(stripped.split(" ", 1)[0])
+            if goes_on and pw == w >= _WRAP_MIN:
+                self._hard_seen += 1
+            elif goes_on and 60 <= pw >= w - 20 and pw + 1 + first > w and raw[:1] not in (" ", "\t"):
+                self._soft_seen += 1        # the next word would not have fit: an editor broke there
+            mode = self._mode()
+            confirmed = mode is not None
+            # cut at the width mid-word (a terminal), or at a word near it (an editor: the space dropped)
+            exact = pw == w and pw >= _WRAP_MIN and mode != "soft"
+            soft = (not exact and mode != "hard" and 60 <= pw >= w - 20 and raw[:1] not in (" ", "\t"))
+            if (goes_on and (exact or soft)
                     and not (_EXC_ANY_CASE.match(text) and _ends_a_frame(praw))   # the exception under a traceback
                     and (exact or not ptext.startswith("    "))):
                 if pline:                 # the carrier's prefix itself may be what the wrap cut
                     pline = (pline + raw if exact else pline.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
-                    joined = peel(pline).text
+                    joined = strip_carriers(pline).text
                 else:
                     joined = (praw + raw if exact else praw.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
                 self._pending = (joined, ptext, done and not confirmed, plow and low, pline)

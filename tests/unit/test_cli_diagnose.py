@@ -196,3 +196,65 @@ def test_a_v0_log_without_its_version_is_healed_by_v0s_rules(capsys: pytest.Capt
     assert _run(["--json", "--flags", "--gpu-memory-utilization 0.7 --max-model-len 8192", str(v1)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["numbers"]["engine"] == "v1" and got["remedy"]["flags"] == {"--enforce-eager": ""}, got["remedy"]
+
+
+# --------------------------------------------------------------------------- how the log was read
+CARRIED = LOGS / "carriers"
+
+
+def _guard_own_lines(path: Path) -> int:
+    """The guard's own lines in a journal: its JSON log records and journalctl's ``-- Boot`` notes
+    (counted here from the file, by their shape)."""
+    lines = path.read_text().splitlines()
+    return (sum(1 for ln in lines if ']: {"' in ln and '"event"' in ln and '"level"' in ln)
+            + sum(1 for ln in lines if ln.startswith("-- ")))
+
+
+def test_journalctl_piped_to_diagnose_dash_names_journald_and_the_guards_own_lines() -> None:
+    """`journalctl -u vllm-guard | vllm-guard diagnose -`: the verdict, and a line saying how it was read."""
+    path = CARRIED / "journalctl-u-vllm-guard-kv-cache.log"
+    done = _subprocess("-", stdin=path.read_bytes())
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode().splitlines()
+    assert out[0] == "-: kv_cache_insufficient (healable, during kv_cache)"
+    own = _guard_own_lines(path)
+    assert own == 3
+    assert (f"  read as:  journald (journalctl) lines, their prefixes removed; {own} of vllm-guard's own "
+            "lines skipped") in out
+    assert "  relaunch: --max-model-len 65408" in out
+
+
+def test_json_report_says_which_carrier_and_that_a_console_listed_newest_first() -> None:
+    done = _subprocess("--json", "-", stdin=(CARRIED / "gcloud-logging-read-newest-first-model-path-missing.log")
+                       .read_bytes())
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["kind"] == "config_error" and got["healable"] is False
+    assert (got["carrier"], got["carrier_what"]) == ("console", "a cloud console or log viewer")
+    assert got["newest_first"] is True and got["wrapped_at"] is None and got["guard_lines"] == 0
+
+
+@pytest.mark.parametrize(("name", "marker"), [("github-quote-wrapped-100-kv-cache.log", "> "),
+                                              ("list-item-indented-wordwrap-72-cpu-kv-space.log", "    ")])
+def test_a_wrapped_paste_reports_the_width_it_was_wrapped_at(name: str, marker: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The width is the paste's own widest line once its quote or indentation is off."""
+    path = CARRIED / name
+    width = max(len(ln[len(marker):]) for ln in path.read_text().splitlines()
+                if ln.startswith(marker) and not ln[len(marker):].startswith((" ", "\t")))
+    assert _run(["--json", str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["wrapped_at"] == width
+    assert got["carrier"] is None and got["newest_first"] is False
+    assert _run([str(path)]) == 0
+    assert f"  read as:  wrapped at {width} columns, re-joined" in capsys.readouterr().out.splitlines()
+
+
+def test_vllms_own_output_has_no_read_as_line(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = LOGS / "v0" / "0.7.2-oom-cudagraph.log"      # vLLM's own lines, as its server printed them
+    assert _run([str(plain)]) == 0
+    assert "read as:" not in capsys.readouterr().out
+    assert _run(["--json", str(plain)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["carrier"], got["carrier_what"], got["wrapped_at"], got["newest_first"], got["guard_lines"]) == (
+        None, "", None, False, 0)

@@ -59,7 +59,10 @@ def _fixtures() -> list[cat.Case]:
 FIXTURES = _fixtures()
 #: saved logs that are pastes already (wrapped by a terminal, or with their line breaks lost): a carrier
 #: ships whole lines, not a paste's pieces, and a terminal wraps lines, not a paste of them
-PRE_WRAPPED = {c.name for c in FIXTURES if "wrapped" in c.name or "single-line" in c.name}
+PRE_WRAPPED = {c.name for c in FIXTURES if any(w in c.name for w in ("wrap", "single-line", "indented", "quote"))
+               or c.name.startswith("carriers/")}       # (shipped already: a CRI file is not shipped in a CRI file)
+#: ... and pastes quoted or indented already (a quote of a quote is another paste)
+PRE_QUOTED = {c.name for c in FIXTURES if any(w in c.name for w in ("indented", "quote"))}
 FIXTURE_FAILURES = [c for c in FIXTURES if c.kind not in NOT_FAILURES]
 FIXTURE_HEALTHY = [c for c in FIXTURES if c.kind == "healthy"]
 
@@ -236,6 +239,8 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if cut is not None:
                 out.append(cut)
         elif case.name in PRE_WRAPPED and name in ("carrier", "cri-partial", "newest-first", "wrap"):
+            continue
+        elif case.name in PRE_QUOTED and name in ("quote", "indent"):
             continue
         elif name in ("carrier", "cri-partial", "newest-first"):
             if not carried:

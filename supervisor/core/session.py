@@ -405,14 +405,15 @@ class Session:
         self._to(State.HEALTHY, "probes pass again")
 
     def restart(self, reset: bool) -> Launch:
-        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's."""
+        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's, and
+        the learned flags dropped from the store (else the next start would go back to them)."""
         self.restarts += 1
         if reset:
-            self.current, self.notes, self.flags_source = self.requested, {}, "user"
+            self.current, self.notes, self.flags_source, self._learned = self.requested, {}, "user", None
         self._to(State.RESTARTING, "restart requested")
         return Launch(self.current, why="restart requested: " + (
             "back to the flags you asked for" if reset else "relaunching with the current flags"),
-            reason="reset" if reset else "request")
+            reason="reset" if reset else "request", forget_learned=reset)
 
     def stopping(self, why: str) -> None:
         self._to(State.STOPPING, why)

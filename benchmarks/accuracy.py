@@ -107,7 +107,7 @@ def evaluate(records: list[dict[str, str]] | None = None) -> list[Row]:
         kw = budget_kwargs(rec)
         b = M.kv_budget(info, **kw)
         split = M.kv_budget(info, driver=False, **kw) if rec["id"] in NON_DRIVER_SPLIT else b
-        g = lambda k: None if _f(rec[k]) is None else _f(rec[k]) * GiB  # noqa: E731
+        g = lambda k, rec=rec: None if _f(rec[k]) is None else _f(rec[k]) * GiB  # noqa: E731
         real = {"weights": g("obs_weights_gib"), "activation": g("obs_activation_gib"),
                 "non_torch": g("obs_non_torch_gib"), "kv": g("obs_kv_gib"), "tokens": _i(rec["obs_kv_tokens"])}
         now = {"weights": b.weights_bytes, "activation": split.activation_bytes,
@@ -277,7 +277,8 @@ def section(rows: list[Row] | None = None) -> str:
     out.append("")
     out.append("Per term (GiB, predicted - real, over the records that print it):")
     out.append("")
-    out.append("| term | n | median abs now | max abs now | bias now | median abs before | max abs before | bias before |")
+    out.append("| term | n | median abs now | max abs now | bias now | median abs before | max abs before "
+               "| bias before |")
     out.append("|---|---|---|---|---|---|---|---|")
     for k in ("weights", "activation", "non_torch", "kv"):
         pairs = [r for r in rows if r.real[k] is not None

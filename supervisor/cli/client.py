@@ -15,9 +15,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 import httpx
 
@@ -235,7 +236,8 @@ def render_human(snap: Mapping[str, Any]) -> str:
         ("pid", str(snap.get("pid") or "-")
          + (f" (guard {snap['guard_pid']})" if snap.get("guard_pid") else "")),
         ("uptime", _duration(snap.get("uptime_s", snap.get("uptime")))),
-        ("launches", str(len(launches)) + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
+        ("launches", str(len(launches))
+         + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
         ("probe", _probe(snap)),
     ]
     context = snap.get("context")
@@ -326,7 +328,8 @@ def _history_line(r: Mapping[str, Any]) -> str:
         line += f"  {r['kind']}: {str(r.get('evidence') or '')[:160]}"
     changed = r.get("changed_flags") or {}
     if isinstance(changed, Mapping) and changed:
-        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}" for k, v in changed.items()) + "]"
+        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}"
+                                  for k, v in changed.items()) + "]"
     measured = r.get("measured") or {}
     if isinstance(measured, Mapping) and measured.get("kv_cache_tokens"):
         line += f"  KV {measured['kv_cache_tokens']} tokens"
@@ -362,8 +365,7 @@ def run_logs(args: argparse.Namespace, environ: Mapping[str, str], out: Any = No
 def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
     """List the guards on this host."""
     out = sys.stdout if out is None else out
-    rows = [_guard_row(d) for d in _candidate_state_dirs(args, environ)]
-    rows = [r for r in rows if r is not None]
+    rows = [r for r in (_guard_row(d) for d in _candidate_state_dirs(args, environ)) if r is not None]
     if getattr(args, "json", False):
         for r in rows:
             out.write(json.dumps(r) + "\n")
@@ -376,7 +378,7 @@ def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | N
                        r["vllm"] or "-", r["status"] or "-", r["gpu"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
     return EX_OK
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from supervisor.core import vllm
 from supervisor.core.model import ModelInfo, QuantScheme, Shape, checkpoint_bytes, quant_scheme, weight_parts
@@ -92,7 +93,7 @@ def kv_needed_bytes(info: ModelInfo, max_model_len: int, *, block_size: int = 16
         full, sliding = full + sliding, 0
     need = full * _cdiv(max_model_len, block_size)
     if sliding:
-        window_tokens = min(info.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        window_tokens = min(cast(int, info.sliding_window) - 1 + max_num_batched_tokens, max_model_len)
         need += sliding * (_cdiv(window_tokens, block_size) + 1)
     return need * page
 
@@ -118,9 +119,10 @@ def usable_kv_bytes(kv_budget_bytes: int, info: ModelInfo, *, block_size: int = 
 def fit_max_model_len(kv_budget_bytes: int, info: ModelInfo, *, tp: int = 1, kv_cache_dtype: str = "auto",
                       block_size: int = 16, vllm_version: str | None = None, pp: int = 1, upper: int | None = None,
                       max_num_batched_tokens: int = 2048, hybrid: bool | None = None, dtype: str | None = None) -> int:
-    """The largest max_model_len vLLM accepts with this KV budget per rank (its "estimated maximum model length"); 0 if none."""
+    """The largest max_model_len vLLM accepts with this KV budget per rank (its "estimated maximum model
+    length"); 0 if none."""
     hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
-    kw = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    kw: dict[str, Any] = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
     avail = usable_kv_bytes(kv_budget_bytes, info, vllm_version=vllm_version, hybrid=hybrid, **kw)
     if avail <= 0:
         return 0
@@ -149,9 +151,10 @@ def fit_max_model_len(kv_budget_bytes: int, info: ModelInfo, *, tp: int = 1, kv_
 def max_concurrency(kv_budget_bytes: int, info: ModelInfo, context_len: int, *, block_size: int = 16, tp: int = 1,
                     pp: int = 1, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048,
                     hybrid: bool | None = None, vllm_version: str | None = None, dtype: str | None = None) -> float:
-    """Requests of context_len that fit at once, as vLLM logs it: pool blocks (null block included) / blocks per request."""
+    """Requests of context_len that fit at once, as vLLM logs it: pool blocks (null block included) /
+    blocks per request."""
     hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
-    kw = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    kw: dict[str, Any] = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
     need = kv_needed_bytes(info, context_len, max_num_batched_tokens=max_num_batched_tokens, hybrid=hybrid, **kw)
     per_block = _bytes_per_pool_block(info, page_bytes(info, block_size=block_size, tp=tp,
                                                        kv_cache_dtype=kv_cache_dtype, dtype=dtype), pp, hybrid)
@@ -425,7 +428,7 @@ class Budget:
     cudagraph_bytes: int               # inside the budget (0.20+); see cudagraph_outside_bytes
     other_processes_bytes: int
     kv_bytes: int
-    exact: bool = False                # True when the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
+    exact: bool = False                # the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
     family: str = ""
     band_bytes: int = 0
     cudagraph_outside_bytes: int = 0   # room graphs need outside the budget (before 0.20)
@@ -495,7 +498,7 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
     cc = compute_capability or gpu_compute_capability(device_name)
     if kv_cache_memory_bytes or (platform == "cpu" and cpu_kv_space_gib is not None):
         weights = int((info.weights_bytes or 0) / (tp * pp))
-        kv = int(kv_cache_memory_bytes or cpu_kv_space_gib * GiB)
+        kv = int(kv_cache_memory_bytes or cast(float, cpu_kv_space_gib) * GiB)
         return Budget(total, utilization, requested, weights, 0, 0, 0, 0, kv, exact=True, family=fam)
     if platform == "cpu":
         # 0.32 CPU auto mode: ceil(total*util) minus the worker's RSS (weights + ~1 GiB of runtime).
@@ -578,7 +581,7 @@ def measured_overhead_bytes(*, gpu_total_bytes: int, utilization: float, weights
             if hybrid and info.sliding_window and full and sliding:
                 size = min(full, sliding)
                 groups = _cdiv(full, size) + _cdiv(sliding, size)
-            kv = int(kv_cache_tokens) // block_size * groups * per_block
+            kv = int(cast(int, kv_cache_tokens)) // block_size * groups * per_block
     if kv is None:
         return None
     return int(requested - int(weights_bytes) - int(kv))

@@ -62,7 +62,7 @@ class ModelInfo:
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # config.json as read
 
     @functools.cached_property
-    def shape(self) -> "Shape":
+    def shape(self) -> Shape:
         """The shape the weight and activation formulas read (from config.json, else these fields)."""
         if self.config:
             return shape_from_config(self.config)
@@ -221,7 +221,8 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
     dense = int(cfg.get("first_k_dense_replace") or 0)
     if experts and cfg.get("mlp_only_layers"):
         dense = len(cfg["mlp_only_layers"])
-    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    vision_config = config.get("vision_config")
+    vision: dict[str, Any] = vision_config if isinstance(vision_config, dict) else {}
     archs = " ".join(str(a) for a in (config.get("architectures") or ()))
     return Shape(
         model_type=mt, layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=inter,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 from supervisor.core.model import ModelInfo, model_info_from_config
 
@@ -120,12 +120,13 @@ def _with_quantization_file(config: dict[str, Any], directory: str) -> dict[str,
 
 
 def load_model_info(model: str, *, revision: str | None = None, online: bool | None = None) -> ModelInfo | None:
-    """ModelInfo for a local dir, a config.json path, or a Hub id (cache first, then the Hub if online); None if unreadable."""
+    """ModelInfo for a local dir, a config.json path, or a Hub id (cache first, then the Hub if online);
+    None if unreadable."""
     if not model:
         return None
     path = os.path.expanduser(model)
     if os.path.isfile(path) and os.path.basename(path).endswith(".json"):
-        directory = os.path.dirname(os.path.abspath(path))
+        directory: str | None = os.path.dirname(os.path.abspath(path))
         config = _read_json(path)
     elif os.path.isdir(path):
         directory = os.path.abspath(path)
@@ -144,6 +145,7 @@ def load_model_info(model: str, *, revision: str | None = None, online: bool | N
             return model_info_from_config(config, name=model, path=None)
     if config is None:
         return None
+    directory = cast(str, directory)      # None only where config is None too
     config = _with_quantization_file(config, directory)
     weights, source = weights_bytes_in(directory)
     return model_info_from_config(config, name=model, path=directory, weights_bytes=weights, weights_source=source)

@@ -11,8 +11,8 @@ import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from supervisor.errors import ConfigError
 

@@ -98,7 +98,7 @@ class Report:
         else:
             parts = [_change(c.flag, c.old, c.new) for c in step.changes]
             text = f"{parts[0]} because {step.why}" if len(parts) == 1 else "; ".join(
-                f"{p} ({c.why})" for p, c in zip(parts, step.changes))
+                f"{p} ({c.why})" for p, c in zip(parts, step.changes, strict=True))
             log.warning(f"relaunch {n}: {text}", launch=n, kind=step.reason, changed=[c.flag for c in step.changes])
 
     def healthy(self, s: Session, seconds: float, numbers: dict[str, Any]) -> None:

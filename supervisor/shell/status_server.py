@@ -21,10 +21,11 @@ import asyncio
 import contextlib
 import errno
 import json
-from http import HTTPStatus
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -62,8 +63,8 @@ class _Reply(Exception):
 class StatusServer:
     """The status endpoint; ``await start()`` binds (port 0: ephemeral, see ``.port``), ``await stop()`` closes."""
 
-    def __init__(self, host: str, port: int, token: str, snapshot: Callable[[], dict],
-                 command: Callable[[str, dict], None], metrics: Metrics, ready: Callable[[], bool], *,
+    def __init__(self, host: str, port: int, token: str, snapshot: Callable[[], dict[str, Any]],
+                 command: Callable[[str, dict[str, Any]], None], metrics: Metrics, ready: Callable[[], bool], *,
                  request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
                  alive: Callable[[], bool] | None = None) -> None:
         if not token:
@@ -222,7 +223,8 @@ class StatusServer:
     def _get(self, path: str) -> tuple[int, bytes, str, dict[str, str]]:
         if path == "/healthz":
             alive = self.alive is None or _safe(self.alive, False)
-            return (200 if alive else 503), (b"ok\n" if alive else b"guard loop stalled\n"), "text/plain; charset=utf-8", {}
+            body = b"ok\n" if alive else b"guard loop stalled\n"
+            return (200 if alive else 503), body, "text/plain; charset=utf-8", {}
         if path == "/ready":
             ready = _safe(self.ready, False)
             return (200 if ready else 503), (b"ready\n" if ready else b"not ready\n"), "text/plain; charset=utf-8", {}

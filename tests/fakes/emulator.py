@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 GIB = 1 << 30
 MIB = 1 << 20

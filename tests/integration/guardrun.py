@@ -9,8 +9,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import psutil
@@ -66,7 +67,7 @@ class GuardRun:
         (tmp / "fake-state").mkdir(exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "GuardRun":
+    def start(self) -> GuardRun:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=str(ROOT))
@@ -110,7 +111,7 @@ class GuardRun:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"guard did not exit in {timeout} s\n{self.output()[-4000:]}")
+            raise AssertionError(f"guard did not exit in {timeout} s\n{self.output()[-4000:]}") from None
 
     def history(self) -> list[dict[str, Any]]:
         """What ``vllm-guard history --json`` prints for this guard's state dir (also after it stopped)."""

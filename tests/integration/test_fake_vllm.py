@@ -7,8 +7,8 @@ group afterwards so orphaned fake engines never outlive a test) and waits on its
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess

@@ -12,6 +12,7 @@ import sys
 import time
 
 from guardrun import FAKE, ROOT, free_port
+
 from supervisor.shell.live import render
 
 

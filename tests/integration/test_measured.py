@@ -11,6 +11,8 @@ import random
 import sys
 from pathlib import Path
 
+from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port
+
 from supervisor.config import GuardConfig, build, flatten
 from supervisor.core.flags import Flags
 from supervisor.core.gpus import GpuDevice
@@ -20,7 +22,6 @@ from supervisor.facts.model_files import load_model_info
 from supervisor.shell.guard import Guard
 from supervisor.shell.statedir import MEASURED_PREFIX
 from tests.fakes.gpu import FakeProvider
-from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "Llama-3.1-8B-Instruct"
 GiB = 1 << 30

@@ -11,11 +11,10 @@ import pytest
 
 from supervisor.core import gpus as G
 from supervisor.core import memory as M
-from supervisor.core import plan as P
 from supervisor.core import vllm as V
-from supervisor.facts.nvml import GpuDevice
 from supervisor.core.model import ModelInfo, derive_max_model_len
 from supervisor.facts.model_files import load_model_info
+from supervisor.facts.nvml import GpuDevice
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30

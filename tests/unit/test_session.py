@@ -30,8 +30,7 @@ from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import TRANSITIONS, State
-from supervisor.core.session import (DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Launch, Learned, Outcome,
-                                     Session)
+from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Launch, Learned, Outcome, Session
 from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -245,7 +244,8 @@ SCENARIOS = [
                        "restart"),
                     Go(("--max-model-len", "8192"), DIED_AGAIN.format("unknown_failure"), 4.0, "unknown_failure",
                        "restart"),
-                    Quit(75, "3 launches in a row failed without becoming healthy (last: unknown_failure: KeyError: 'x')",
+                    Quit(75, "3 launches in a row failed without becoming healthy "
+                             "(last: unknown_failure: KeyError: 'x')",
                          BUDGET, Kind.UNKNOWN_FAILURE))),
     Scenario("the launch budget at its default: 6 launches that never serve, then exit 75",
              outcomes=(fail(Kind.ENGINE_DEAD, "EngineDeadError"),) * 6, first=Go((), AS_GIVEN),
@@ -428,7 +428,7 @@ def test_every_edge_of_the_lifecycle_is_taken() -> None:
         paths.append(states + [State.STOPPING, State.STOPPED])
     paths += [walk() for walk in WALKS]
     paths.append([State.STOPPING])              # a stop before the first launch
-    taken = {(a, b) for path in paths for a, b in zip([State.PLANNING] + path, path) if a is not b}
+    taken = {(a, b) for path in paths for a, b in zip([State.PLANNING] + path, path, strict=False) if a is not b}
     table = {(a, b) for a, ends in TRANSITIONS.items() for b in ends}
     assert table - taken == set(), "edges no scenario takes"
     assert taken <= table
@@ -489,7 +489,8 @@ def test_healthy_after_auto_fit_notes_vllms_choice_and_keeps_the_reason() -> Non
     h = s.healthy({"auto_fit_max_model_len": 29936}, 40.0)
     note = s.notes["--max-model-len"]
     assert note.value == "auto (29936)" and note.source == "plan"
-    assert note.text.startswith("131072 tokens do not fit") and note.text.endswith("chose 29936 tokens for the KV cache")
+    assert note.text.startswith("131072 tokens do not fit")
+    assert note.text.endswith("chose 29936 tokens for the KV cache")
     assert h.learn == tuple(s.current.argv())
 
 

@@ -234,7 +234,8 @@ def test_render_human_tolerates_a_sparse_snapshot():
 
 def test_render_human_says_the_context_served_of_what_fit():
     text = cli_client.render_human({"state": "healthy", "context": {
-        "served": 65408, "requested": 131072, "fit": 65408, "text": "context served 65408 of 65408 that fit (131072 asked)"}})
+        "served": 65408, "requested": 131072, "fit": 65408,
+        "text": "context served 65408 of 65408 that fit (131072 asked)"}})
     assert "context    served 65408 of 65408 that fit (131072 asked)" in text.splitlines()
     assert "context" not in cli_client.render_human({"state": "planning", "context": None})
 

@@ -248,7 +248,8 @@ def test_bad_content_length_is_400(server):
 
 
 def test_chunked_body_is_refused(server, guard):
-    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE + b"\r\n0\r\n\r\n")
+    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE
+                   + b"\r\n0\r\n\r\n")
     assert status_code(response) == 411
     assert guard.commands == []
 
@@ -294,7 +295,7 @@ def test_trickling_client_hits_the_request_deadline(server):
                 if s.recv(1024) == b"":
                     closed = True
                     break
-            except socket.timeout:
+            except TimeoutError:
                 pass
             except ConnectionResetError:
                 closed = True

@@ -17,6 +17,7 @@ some scenario.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,8 @@ from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import TRANSITIONS, State
-from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Launch, Learned, Outcome, Session
+from supervisor.core.session import (DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Healthy, Launch, Learned,
+                                     Outcome, Session)
 from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -345,6 +347,78 @@ SCENARIOS = [
 ]
 
 
+@dataclass(frozen=True)
+class After:
+    """Where a scenario leaves the session: the source of its flags, each changed flag's note as
+    /status shows it (value, what was asked, who decided, why), and the states it passed through."""
+
+    states: str = ""                                   # space-separated, in order
+    notes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    source: str = "user"
+
+
+KV_NOTE = ("30368", None, "heal", kv_heal(30368))
+AFTER = {
+    "no model facts: the first launch is the flags as given": After(),
+    "learned flags are used first": After(notes={"--max-model-len": ("30368", "32768", "store", "cut")},
+                                          source="store"),
+    "learned flags that fail are forgotten: the flags as given again, and that counts as a launch":
+        After("starting restarting"),
+    "a reset after a start from learned flags: the user's own flags, and the learned ones are dropped":
+        After("starting restarting"),
+    "plan.auto_fit on vLLM 0.14+: vLLM sizes the length": After(notes={"--max-model-len": (
+        "auto", None, "plan", "vLLM sizes the context to the KV cache itself (--max-model-len auto)")}, source="plan"),
+    "plan.auto_fit on vLLM 0.13, which has no auto: the flags as given": After(),
+    "plan.auto_fit on an unknown vLLM: no flag it may not know": After(),
+    "plan.auto_fit leaves a length the user set alone": After(),
+    "the plan cuts 131072 to vLLM's own measurement on a 24 GB card (0.32: auto)": After(notes={"--max-model-len": (
+        "auto", None, "plan", Pattern(r"131072 tokens do not fit in the KV cache at utilization 0\.92; about \d+ by the "
+                                      r"plan's estimate, so vLLM sizes the length to the KV cache it measures \(auto\), "
+                                      r"held between 2048 and 131072"))}, source="plan"),
+    "the plan cuts to a number before 0.14 (no auto-fit)": After(notes={"--max-model-len": (
+        CUT_0_10_L4, None, "plan", Pattern(r"131072 tokens do not fit in the KV cache at utilization 0\.90; about \d+ by "
+                                           r"the plan's estimate, \d+ with its error band held back \(block-aligned\)"))},
+        source="plan"),
+    "--no-plan: the flags as given even when the plan would cut": After(),
+    "a KV cache too small: the length vLLM says fits, in one relaunch": After("starting restarting",
+                                                                               {"--max-model-len": KV_NOTE}),
+    "a KV estimate off the block is aligned down to it: 30370 -> 30368": After(
+        "starting restarting", {"--max-model-len": ("30368", None, "heal", kv_heal(30370))}),
+    "an unknown failure at start-up: the same flags after backoff, until the launch budget is spent":
+        After("starting backoff starting backoff starting failed"),
+    "the launch budget at its default: 6 launches that never serve, then exit 75":
+        After("starting backoff " * 5 + "starting failed"),
+    "the engine dies soon after serving: backoff grows, then failed at the crash-loop limit":
+        After("starting healthy backoff starting healthy backoff starting healthy failed"),
+    "the crash-loop limit at its default: 5 quick deaths are relaunched, the 6th is exit 75":
+        After("starting healthy backoff " * 5 + "starting healthy failed"),
+    "a death after a long healthy run starts the count and the backoff afresh":
+        After("starting healthy backoff starting healthy backoff starting healthy failed"),
+    "the crash-loop window at its default: 600 s of health make a death a fresh start":
+        After("starting healthy backoff starting healthy backoff starting healthy failed"),
+    "backoff is capped at backoff.maximum": After("starting backoff " * 4),
+    "backoff at its defaults: 2 s doubling up to 120 s": After("starting backoff " * 8),
+    "the port is in use: retried a few times, then a configuration error":
+        After("starting backoff starting backoff starting failed"),
+    "the port is in use: 3 retries at the default, the 4th time a configuration error":
+        After("starting backoff starting backoff starting backoff starting failed"),
+    "a configuration vLLM refuses: exit 78 at once": After("starting failed"),
+    "OOM while serving: the last good flags with half the sequences, after backoff": After(
+        "starting healthy backoff", {"--max-num-seqs": ("32", "64", "heal", "CUDA ran out of memory while serving; "
+                                                        "fewer concurrent sequences need less activation memory")}),
+    "a restart request: the current flags again, no backoff": After("starting restarting"),
+    "a restart request after a heal keeps the healed flags": After("starting restarting starting restarting",
+                                                                   {"--max-model-len": KV_NOTE}),
+    "a reset request: back to the flags the user asked for": After("starting restarting starting restarting"),
+    "asked to stop: nothing more": After("starting"),
+}
+
+
+def where(session: Session, states: list[State]) -> After:
+    return After(" ".join(s.value for s in states),
+                 {k: (n.value, n.was, n.source, n.why) for k, n in session.notes.items()}, session.flags_source)
+
+
 def named(name: str) -> Scenario:
     return next(s for s in SCENARIOS if s.name == name)
 
@@ -363,9 +437,16 @@ def play(s: Scenario) -> tuple[Session, list[Go | Quit | str], list[State]]:
 
 @pytest.mark.parametrize("s", SCENARIOS, ids=lambda s: s.name)
 def test_scenario(s: Scenario) -> None:
-    """Every step of the scenario, whole: the flags, why, the delay, the reason, the remedy step."""
-    _, said, _ = play(s)
+    """Every step of the scenario, whole: the flags, why, the delay, the reason, the remedy step; then
+    the notes /status shows, where the flags came from and the states passed through."""
+    session, said, states = play(s)
     assert said == [s.first, *s.steps]
+    want = AFTER[s.name]
+    assert where(session, states) == replace(want, states=" ".join(want.states.split()))
+
+
+def test_every_scenario_says_where_it_leaves_the_session():
+    assert set(AFTER) == {s.name for s in SCENARIOS}
 
 
 def _serving(cfg: GuardConfig | None = None) -> tuple[Session, list[State]]:
@@ -595,3 +676,423 @@ def test_no_measurement_on_the_cpu_build_or_without_vllms_figures() -> None:
     g.first_launch()
     g.launching()
     assert g.healthy({"available_kv_gib": 4.45}, 20.0).measured is None     # no "Model loading took"
+
+
+# -- what each decision says, and what the session keeps (each value written out) -------------------
+def test_each_state_change_says_why() -> None:
+    """systemd's STATUS= line and the log show the state with its reason: each one, exactly."""
+    seen: list[tuple[str, str]] = []
+    s = Session(config(**{"remedies.port_retries": 0}), Facts(), rng=random.Random(0),
+                on_state=lambda st, why: seen.append((st.value, why)))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30368))
+    s.launching()
+    s.healthy({}, 5.0)
+    s.unhealthy("HTTP 500 from /v1/chat/completions")
+    s.recovered()
+    s.ended(died(Kind.ENGINE_DEAD, 30.0))
+    s.restart(reset=False)
+    s.launching()
+    s.ended(fail(Kind.CONFIG_ERROR, "OSError: [Errno 98] Address already in use"))
+    s.stopping("gave up")
+    s.stopped("gave up")                   # already stopping: only the move to stopped is told
+    assert seen == [
+        ("starting", "launch 1"),
+        ("restarting", "kv_cache_insufficient; relaunching with new flags"),
+        ("starting", "launch 2"),
+        ("healthy", "launch 2 serves"),
+        ("unhealthy", "HTTP 500 from /v1/chat/completions"),
+        ("healthy", "probes pass again"),
+        ("backoff", "engine_dead; retrying in 2.0 s"),
+        ("restarting", "restart requested"),
+        ("starting", "launch 3"),
+        ("failed", "vLLM refused its configuration: OSError: [Errno 98] Address already in use"),
+        ("stopping", "gave up"),
+        ("stopped", "gave up"),
+    ]
+    assert (s.launches, s.restarts, s.state) == (3, 1, State.STOPPED)
+
+
+def test_learned_flags_that_fail_say_so_in_the_state_and_count_the_failure() -> None:
+    seen: list[tuple[str, str]] = []
+    s = Session(config("--max-model-len 32768", max_launches=2), Facts(learned=Learned(("--max-model-len", "30368"))),
+                rng=random.Random(0), on_state=lambda st, why: seen.append((st.value, why)))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.ENGINE_DEAD, "EngineDeadError"))
+    assert seen[-1] == ("restarting", "learned flags failed; re-planning")
+    assert (s.flags_source, s.notes, s.current.argv()) == ("user", {}, ["--max-model-len", "32768"])
+    s.launching()
+    end = s.ended(fail(Kind.ENGINE_DEAD, "EngineDeadError"))  # the learned launch counted: 2 of 2
+    assert isinstance(end, End) and end.exit_code == 75 and end.reason.startswith("2 launches in a row failed")
+
+
+def test_a_stop_when_already_stopping_is_no_second_state_change() -> None:
+    seen: list[str] = []
+    s = Session(config(), Facts(), rng=random.Random(0), on_state=lambda st, why: seen.append(st.value))
+    s.stopping("signal")
+    s.stopping("signal again")
+    s.stopped("signal")
+    assert seen == ["stopping", "stopped"]
+
+
+def test_the_last_failures_evidence_is_cut_at_200_characters() -> None:
+    s = Session(config(max_launches=1), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    end = s.ended(fail(Kind.UNKNOWN_FAILURE, "E" * 250))
+    assert isinstance(end, End)
+    assert end.reason == f"1 launches in a row failed without becoming healthy (last: unknown_failure: {'E' * 200})"
+    assert end.message == (f"giving up: {end.reason}. What could help: see the diagnosis above; raise "
+                           "--max-launches to keep trying.")
+
+
+def test_the_crash_loop_as_status_shows_it() -> None:
+    s = Session(config(), Facts(), rng=random.Random(0))
+    assert s.crash_loop() == {"runtime_deaths": 0, "limit": 5}
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 5.0)
+    s.ended(died(Kind.ENGINE_DEAD, 30.0))
+    assert s.crash_loop() == {"runtime_deaths": 1, "limit": 5}
+
+
+@pytest.mark.parametrize("attempt,base", [(1, 2.0), (2, 4.0), (3, 8.0), (7, 120.0), (30, 120.0)])
+def test_backoff_is_tenacitys_exponential_capped_plus_jitter_from_the_random_source(attempt: int, base: float) -> None:
+    """Defaults: 2 s x 2^(attempt-1), at most 120 s, plus up to 1 s of jitter drawn from the source given."""
+    jitter = random.Random(7).uniform(0, 1.0)
+    assert Session(config(**{"backoff.jitter": 1.0}), Facts(), rng=random.Random(7)).backoff_delay(attempt) == \
+        base + jitter
+
+
+def test_the_jitter_may_push_a_capped_delay_past_the_maximum_but_never_the_base() -> None:
+    cfg = config(**{"backoff.jitter": 3.0, "backoff.maximum": 10.0})
+    assert Session(cfg, Facts(), rng=random.Random(1)).backoff_delay(9) == 10.0 + random.Random(1).uniform(0, 3.0)
+
+
+@pytest.mark.parametrize("code,text", [
+    (None, "vLLM is still running"),
+    (0, "vLLM exited with code 0"),
+    (1, "vLLM exited with code 1"),
+    (-9, "vLLM was killed by SIGKILL: a SIGKILL vllm-guard did not send: the kernel's OOM killer (host memory) is "
+         "the likely cause; `journalctl -k | grep -i oom` or `dmesg` shows it"),
+    (-11, "vLLM was killed by SIGSEGV: a crash in native code (a CUDA kernel, a driver or a library mismatch)"),
+    (-15, "vLLM was killed by SIGTERM"),
+])
+def test_the_childs_exit_in_words(code: int | None, text: str) -> None:
+    from supervisor.core.session import exit_detail
+    assert exit_detail(Outcome(FAILED, exit_code=code)) == text
+
+
+def test_measured_figures_round_trip_through_the_state_dir_shape() -> None:
+    from supervisor.core.session import Measured
+    m = Measured(6_200_000_000, 65_000_000_000, (("--enforce-eager", None), ("--max-num-seqs", "512")))
+    d = m.to_dict()
+    assert d == {"overhead_bytes": 6_200_000_000, "weights_bytes": 65_000_000_000,
+                 "under": [["--enforce-eager", None], ["--max-num-seqs", "512"]]}
+    assert Measured.from_dict(d) == m
+    assert Measured.from_dict({"overhead_bytes": 0, "weights_bytes": 0, "under": [[7, 8]]}) == \
+        Measured(0, 0, (("7", "8"),))
+
+
+@pytest.mark.parametrize("bad", [
+    None, 5, "x", [], {}, {"overhead_bytes": 1, "weights_bytes": 2},
+    {"overhead_bytes": 1, "under": []}, {"weights_bytes": 2, "under": []},
+    {"overhead_bytes": "1", "weights_bytes": 2, "under": []}, {"overhead_bytes": 1, "weights_bytes": 2.5, "under": []},
+    {"overhead_bytes": True, "weights_bytes": 2, "under": []}, {"overhead_bytes": 1, "weights_bytes": False, "under": []},
+    {"overhead_bytes": -1, "weights_bytes": 2, "under": []}, {"overhead_bytes": 1, "weights_bytes": -2, "under": []},
+    {"overhead_bytes": 1, "weights_bytes": 2, "under": 5}, {"overhead_bytes": 1, "weights_bytes": 2, "under": [[1]]},
+    {"overhead_bytes": 1, "weights_bytes": 2, "under": [[1, 2, 3]]},
+])
+def test_measured_figures_of_any_other_shape_are_none(bad: Any) -> None:
+    from supervisor.core.session import Measured
+    assert Measured.from_dict(bad) is None
+
+
+def test_zero_is_a_measured_figure_too() -> None:
+    from supervisor.core.session import Measured
+    assert Measured.from_dict({"overhead_bytes": 0, "weights_bytes": 0, "under": []}) == Measured(0, 0, ())
+
+
+@pytest.mark.parametrize("flags,numbers,version,want", [
+    # the flag is what is served; the user's flag what was asked; KV tokens less the null block from 0.29
+    ("--max-model-len 8192", {"kv_cache_tokens": 41584}, "0.32.0", {"served": 8192, "requested": 8192, "fit": 41568}),
+    ("--max-model-len 8192", {"kv_cache_tokens": 41584}, "0.28.0", {"served": 8192, "requested": 8192, "fit": 41584}),
+    # no flag: vLLM's own choice (auto-fit), else the length it printed it serves
+    ("", {"auto_fit_max_model_len": 29936, "served_max_model_len": 131072}, "0.32.0",
+     {"served": 29936, "requested": 131072, "fit": None}),
+    ("", {"served_max_model_len": 32768}, "0.10.2", {"served": 32768, "requested": 32768, "fit": None}),
+    # V0 prints blocks, not tokens: 2599 blocks of 16
+    ("", {"num_gpu_blocks": 2599, "served_max_model_len": 32768}, "0.6.3",
+     {"served": 32768, "requested": 32768, "fit": 2599 * 16}),
+    # tokens win over blocks when both are printed
+    ("", {"kv_cache_tokens": 1000, "num_gpu_blocks": 2599}, "0.10.2", {"served": None, "requested": None, "fit": 1000}),
+    # less than one block after the null block: nothing fits (not a negative length)
+    ("", {"kv_cache_tokens": 10}, "0.32.0", {"served": None, "requested": None, "fit": 0}),
+    ("", {"kv_cache_tokens": 0}, "0.32.0", {"served": None, "requested": None, "fit": None}),
+])
+def test_the_context_served_asked_and_that_fits(flags: str, numbers: dict[str, Any], version: str,
+                                                want: dict[str, Any]) -> None:
+    s = Session(config(flags), Facts(vllm_version=version), rng=random.Random(0))
+    s.first_launch()
+    assert s.context(numbers) == want
+
+
+def test_the_context_on_the_cpu_build_counts_its_128_token_blocks() -> None:
+    s = Session(config(), Facts(platform="cpu", vllm_version="0.32.0"), rng=random.Random(0))
+    s.first_launch()
+    assert s.block_size == 128
+    assert s.context({"num_gpu_blocks": 512}) == {"served": None, "requested": None, "fit": 512 * 128 - 128}
+
+
+def test_the_requested_length_falls_back_to_the_models_own_context() -> None:
+    s = Session(config(), on_gpus(l4(), model="Llama-3.1-8B-Instruct"), rng=random.Random(0))
+    assert s.derived_max_model_len == 131072        # config.json's max_position_embeddings
+    assert s.context({"served_max_model_len": 4096})["requested"] == 131072
+
+
+def test_what_a_launch_prints_about_itself_is_kept_only_where_nothing_better_is_known() -> None:
+    s = Session(config(), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.observed({"vllm_version": "0.10.2", "block_size": 32, "served_max_model_len": 32768})
+    assert (s.vllm_version, s.block_size, s.derived_max_model_len) == ("0.10.2", 32, 32768)
+    s.observed({"served_max_model_len": 8192})              # known now: kept
+    s.observed({})                                           # nothing printed: nothing forgotten
+    assert (s.vllm_version, s.block_size, s.derived_max_model_len) == ("0.10.2", 32, 32768)
+    asked = Session(config("--max-model-len 4096"), Facts(), rng=random.Random(0))
+    asked.first_launch()
+    asked.observed({"served_max_model_len": 4096})          # the length asked is no fact about the model
+    assert asked.derived_max_model_len is None
+
+
+def test_a_dropped_flag_is_said_and_noted_and_each_launch_counted() -> None:
+    s = Session(config("--swap-space 4 --max-model-len 8192"), Facts(vllm_version="0.20.0"), rng=random.Random(0))
+    s.first_launch()
+    assert s.launches == 0
+    flags, dropped = s.launching()
+    why = "--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)"
+    assert (flags.argv(), dropped, s.launches) == (["--max-model-len", "8192"],
+                                                   [f"dropping --swap-space from the vLLM arguments: {why}"], 1)
+    note = s.notes["--swap-space"]
+    assert (note.value, note.was, note.why, note.source) == (None, "4", why, "version")
+    assert s.launching() == (flags, []) and s.launches == 2
+
+
+def test_a_healed_flag_notes_what_the_user_had_asked() -> None:
+    s = Session(config("--max-num-seqs 64"), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 5.0)
+    s.ended(died(Kind.OOM_RUNTIME, 30.0))
+    note = s.notes["--max-num-seqs"]
+    assert (note.value, note.was, note.source) == ("32", "64", "heal")
+
+
+def test_an_oom_while_serving_halves_the_last_good_flags_not_a_later_failed_change() -> None:
+    """After a heal that served, a runtime OOM starts from the flags that served (the last good ones)."""
+    s = Session(config("--max-num-seqs 64"), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30368))
+    s.launching()
+    s.healthy({}, 5.0)
+    step = s.ended(died(Kind.OOM_RUNTIME, 30.0))
+    assert isinstance(step, Launch)
+    assert step.flags.argv() == ["--max-num-seqs", "32", "--max-model-len", "30368"]
+
+
+def test_after_a_healthy_run_the_next_start_ups_failures_are_counted_afresh() -> None:
+    s = Session(config(max_launches=2, **{"remedies.port_retries": 1}), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.CONFIG_ERROR, "OSError: [Errno 98] Address already in use"))    # one port retry used
+    s.launching()
+    s.healthy({}, 5.0)
+    s.ended(died(Kind.ENGINE_DEAD, 3600.0))                                         # served, then died
+    s.launching()
+    step = s.ended(fail(Kind.CONFIG_ERROR, "OSError: [Errno 98] Address already in use"))
+    assert isinstance(step, Launch) and step.step == "port_retry"                   # the retry is there again
+    s.launching()
+    end = s.ended(fail(Kind.ENGINE_DEAD, "x"))
+    assert isinstance(end, End) and end.reason.startswith("2 launches in a row failed")
+
+
+def test_a_healthy_launch_learns_its_flags_only_when_learning_is_on() -> None:
+    on = Session(config("--max-model-len 8192"), Facts(), rng=random.Random(0))
+    on.first_launch()
+    on.launching()
+    assert on.healthy({}, 5.0) == Healthy(("--max-model-len", "8192"), {}, None)
+    off = Session(config("--max-model-len 8192", **{"plan.learn": False}), Facts(), rng=random.Random(0))
+    off.first_launch()
+    off.launching()
+    assert off.healthy({}, 5.0).learn is None
+
+
+def test_auto_fit_asked_by_the_user_is_noted_as_theirs_with_vllms_choice() -> None:
+    s = Session(config("--max-model-len auto"), Facts(vllm_version="0.32.0"), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.healthy({"auto_fit_max_model_len": 40960}, 5.0)
+    note = s.notes["--max-model-len"]
+    assert (note.value, note.was, note.why, note.source, note.measured) == (
+        "auto (40960)", "auto", "--max-model-len auto as asked", "user",
+        "vLLM's auto-fit chose 40960 tokens for the KV cache")
+    assert note.text == "--max-model-len auto as asked; vLLM's auto-fit chose 40960 tokens for the KV cache"
+
+
+def test_without_auto_fits_choice_nothing_is_noted() -> None:
+    s = Session(config("--max-model-len auto"), Facts(vllm_version="0.32.0"), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 5.0)
+    assert s.notes == {}
+    n = Session(config("--max-model-len 4096"), Facts(vllm_version="0.32.0"), rng=random.Random(0))
+    n.first_launch()
+    n.launching()
+    n.healthy({"auto_fit_max_model_len": 40960}, 5.0)
+    assert n.notes == {}
+
+
+def test_a_healed_length_that_served_everything_vllm_measured_is_kept_as_it_is() -> None:
+    """Raised for the next start only when vLLM measured more than was served, and up to the ask."""
+    s = Session(config("--max-model-len 40000"), Facts(vllm_version="0.13.0"), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=40000, fit_max_model_len=30000))
+    s.launching()
+    exact = s.healthy({"kv_cache_tokens": 30000, "block_size": 16}, 30.0)     # served what fit: nothing to raise
+    assert exact.learn == ("--max-model-len", "30000")
+    assert exact.reasons["--max-model-len"] == s.notes["--max-model-len"].text
+    more = s.healthy({"kv_cache_tokens": 52000, "block_size": 16}, 30.0)      # room beyond the ask: the ask
+    assert more.learn == ("--max-model-len", "40000")
+    assert more.reasons["--max-model-len"] == ("vLLM measured room for 52000 tokens where 30000 were served (the "
+                                               "estimate held back); 40000 is kept for the next start")
+    odd = s.healthy({"kv_cache_tokens": 30031, "block_size": 16}, 30.0)       # 31 tokens more: not a block more
+    assert odd.learn == ("--max-model-len", "30016") or odd.learn == ("--max-model-len", "30000")
+
+
+def test_a_measured_figure_from_a_healthy_launch_is_what_vllm_printed(
+        ) -> None:
+    """Record 8 (benchmarks/calibration): Qwen3-32B on an H100 at vLLM 0.11, --gpu-memory-utilization 0.9
+    by default: the overhead is the share less the weights and the KV cache vLLM printed, in bytes."""
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    total = int(79.18 * GiB)
+    h100 = GpuDevice(0, "NVIDIA H100 80GB HBM3", total, 0, total, (9, 0), ())
+    facts = Facts(devices=(h100,), total_gib=79.18, free_gib=79.18, vllm_version="0.11.0", model=info)
+    s = Session(config("--max-num-seqs 512 --enforce-eager"), facts, rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    m = s.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    assert m is not None
+    assert m.overhead_bytes == math.ceil(total * 0.90) - int(61.03 * GiB) - int(4.45 * GiB)
+    assert m.weights_bytes == int(61.03 * GiB)
+    assert m.under == (("--enforce-eager", ""), ("--max-num-seqs", "512"), ("--max-num-batched-tokens", None),
+                       ("--enable-chunked-prefill", None), ("--tensor-parallel-size", None),
+                       ("--pipeline-parallel-size", None), ("--cpu-offload-gb", None))
+    # the KV cache as tokens instead (V1's "GPU KV cache size: N tokens"): 256 KiB a token (64 layers x 8
+    # KV heads x 128 x 2 x 2 bytes), 18224 tokens in 16-token blocks
+    t = Session(config("--max-num-seqs 512"), facts, rng=random.Random(0))
+    t.first_launch()
+    t.launching()
+    mt = t.healthy({"model_loading_gib": 61.03, "kv_cache_tokens": 18224}, 60.0).measured
+    assert mt is not None and mt.overhead_bytes == math.ceil(total * 0.90) - int(61.03 * GiB) - 18224 * 262144
+    # at 0.20+ the default share is 0.92
+    facts20 = replace(facts, vllm_version="0.20.0")
+    u = Session(config(), facts20, rng=random.Random(0))
+    u.first_launch()
+    u.launching()
+    mu = u.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    assert mu is not None and mu.overhead_bytes == math.ceil(total * 0.92) - int(61.03 * GiB) - int(4.45 * GiB)
+
+
+def test_a_measured_figure_follows_the_launchs_own_share_parallelism_and_kv_dtype() -> None:
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    total = int(79.18 * GiB)
+    gpus = tuple(GpuDevice(i, "NVIDIA H100 80GB HBM3", total, 0, total, (9, 0), ()) for i in range(2))
+    facts = Facts(devices=gpus, total_gib=79.18, free_gib=79.18, vllm_version="0.11.0", model=info)
+    s = Session(config("--gpu-memory-utilization 0.8 -tp 2 --kv-cache-dtype fp8"), facts, rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    m = s.healthy({"model_loading_gib": 30.59, "kv_cache_tokens": 100000}, 60.0).measured
+    # per rank: 64 layers x (8 / 2) KV heads x 128 x 2 (K and V) x 1 byte (fp8) = 64 KiB a token
+    assert m is not None
+    assert m.overhead_bytes == math.ceil(total * 0.8) - int(30.59 * GiB) - 100000 // 16 * 16 * 65536
+
+
+def test_no_measured_figure_without_the_gpus_total_the_weights_or_a_kv_figure() -> None:
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    base = Facts(total_gib=79.18, vllm_version="0.11.0", model=info)
+    for facts, numbers in [(replace(base, total_gib=None), {"model_loading_gib": 61.03, "available_kv_gib": 4.45}),
+                           (replace(base, model=None), {"model_loading_gib": 61.03, "available_kv_gib": 4.45}),
+                           (base, {"model_loading_gib": 61.03}),
+                           (base, {"model_loading_gib": 79.0, "available_kv_gib": 4.45})]:   # more than the share
+        s = Session(config(), facts, rng=random.Random(0))
+        s.first_launch()
+        s.launching()
+        assert s.healthy(numbers, 5.0).measured is None, (facts, numbers)
+
+
+def test_the_plan_sizes_with_the_facts_the_session_was_given() -> None:
+    from supervisor.core.plan import Sizing
+    info = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+    gpus = (l4(1.0, 0), l4(0.0, 1))
+    facts = Facts(devices=gpus, free_gib=21.06, total_gib=22.06, vllm_version="0.32.0", model=info,
+                  cpu_kv_space_gib=None)
+    cfg = config("-tp 2", **{"plan.margin": 0.07, "remedies.min_model_len": 4096,
+                             "remedies.utilization_margin": 0.01})
+    s = Session(cfg, facts, rng=random.Random(0))
+    assert s.sizing == Sizing(info, gpus=2, vllm_version="0.32.0", margin=0.07, min_model_len=4096, platform="cuda",
+                              cpu_kv_space_gib=None, compute_capability=(8, 9), device_name="NVIDIA L4",
+                              utilization_margin=0.01)
+    cpu = Session(config(), Facts(platform="cpu", cpu_kv_space_gib=4.0, model=info), rng=random.Random(0))
+    assert cpu.sizing == Sizing(info, gpus=1, vllm_version=None, margin=0.03, min_model_len=2048, platform="cpu",
+                                cpu_kv_space_gib=4.0, compute_capability=None, device_name="",
+                                utilization_margin=0.005)
+    assert Session(config("-tp 4"), Facts(model=info), rng=random.Random(0)).sizing.gpus == 4
+
+
+@pytest.mark.parametrize("cc,supported", [((8, 9), True), ((8, 6), False)])
+def test_fp8_kv_is_known_supported_only_from_the_gpus_themselves(cc: tuple[int, int], supported: bool) -> None:
+    """vLLM 0.11+ takes an fp8 KV cache from compute capability 8.9 (Ada) on; without GPUs: unknown."""
+    dev = GpuDevice(0, "GPU", int(24 * GiB), 0, int(24 * GiB), cc, ())
+    assert Session(config(), Facts(devices=(dev,), vllm_version="0.32.0"), rng=random.Random(0)).fp8_supported \
+        is supported
+    mixed = (dev, GpuDevice(1, "GPU", int(24 * GiB), 0, int(24 * GiB), (8, 6), ()))
+    assert Session(config(), Facts(devices=mixed, vllm_version="0.32.0"), rng=random.Random(0)).fp8_supported \
+        is False
+    assert Session(config(), Facts(), rng=random.Random(0)).fp8_supported is None
+
+
+def test_the_remedy_is_told_the_facts_and_this_runs_history() -> None:
+    """What the policy decides from (remedy.Context): the facts as gathered and what happened so far."""
+    info = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+    facts = Facts(devices=(l4(),), free_gib=20.0, total_gib=22.06, vllm_version="0.10.2", model=info,
+                  cpu_kv_space_gib=None)
+    s = Session(config("--max-model-len 8192 --max-num-seqs 64"), facts, rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.CONFIG_ERROR, "OSError: [Errno 98] Address already in use", block_size=32))
+    ctx = s._context()
+    assert (ctx.gpu_free_gib, ctx.gpu_total_gib, ctx.vllm_version, ctx.block_size, ctx.derived_max_model_len,
+            ctx.fp8_supported, ctx.cpu_kv_space_gib, ctx.last_good, ctx.tried, ctx.port_failures) == (
+        20.0, 22.06, "0.10.2", 32, 131072, True, None, None, ("port_retry",), 1)
+    assert ctx.sizing is s.sizing and ctx.rules == s.cfg.remedies and ctx.requested == s.requested
+    assert [d.kind for d in ctx.previous] == [Kind.CONFIG_ERROR]
+    served, _ = s.launching()
+    s.healthy({}, 5.0)
+    s.ended(died(Kind.ENGINE_DEAD, 30.0))
+    ctx = s._context()
+    assert ctx.last_good == served and ctx.last_good.get("--max-num-seqs") == "64"
+    assert (ctx.tried, ctx.port_failures) == (("restart",), 0)
+    assert [d.kind for d in ctx.previous] == [Kind.ENGINE_DEAD]
+    cpu = Session(config(), Facts(platform="cpu", cpu_kv_space_gib=3.5), rng=random.Random(0))
+    assert cpu._context().cpu_kv_space_gib == 3.5
+
+
+def test_auto_fit_is_checked_against_the_phase_it_was_printed_in() -> None:
+    s = Session(config("--max-model-len auto", **{"remedies.min_model_len": 4096}), Facts(vllm_version="0.32.0"),
+                rng=random.Random(0))
+    s.first_launch()
+    low = s.check_auto_fit({"auto_fit_max_model_len": 2000}, "kv_cache")
+    assert low is not None and low.kind is Kind.KV_CACHE_INSUFFICIENT and low.phase == "kv_cache"

@@ -31,8 +31,20 @@ from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import TRANSITIONS, State
-from supervisor.core.session import (DIED, FAILED, RESET, RESTART, STOPPED, End, Facts, Healthy, Launch, Learned,
-                                     Outcome, Session)
+from supervisor.core.session import (
+    DIED,
+    FAILED,
+    RESET,
+    RESTART,
+    STOPPED,
+    End,
+    Facts,
+    Healthy,
+    Launch,
+    Learned,
+    Outcome,
+    Session,
+)
 from supervisor.facts.model_files import load_model_info
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -372,12 +384,13 @@ AFTER = {
     "plan.auto_fit on an unknown vLLM: no flag it may not know": After(),
     "plan.auto_fit leaves a length the user set alone": After(),
     "the plan cuts 131072 to vLLM's own measurement on a 24 GB card (0.32: auto)": After(notes={"--max-model-len": (
-        "auto", None, "plan", Pattern(r"131072 tokens do not fit in the KV cache at utilization 0\.92; about \d+ by the "
-                                      r"plan's estimate, so vLLM sizes the length to the KV cache it measures \(auto\), "
-                                      r"held between 2048 and 131072"))}, source="plan"),
+        "auto", None, "plan", Pattern(r"131072 tokens do not fit in the KV cache at utilization 0\.92; about \d+ by "
+                                      r"the plan's estimate, so vLLM sizes the length to the KV cache it measures "
+                                      r"\(auto\), held between 2048 and 131072"))}, source="plan"),
     "the plan cuts to a number before 0.14 (no auto-fit)": After(notes={"--max-model-len": (
-        CUT_0_10_L4, None, "plan", Pattern(r"131072 tokens do not fit in the KV cache at utilization 0\.90; about \d+ by "
-                                           r"the plan's estimate, \d+ with its error band held back \(block-aligned\)"))},
+        CUT_0_10_L4, None, "plan", Pattern(r"131072 tokens do not fit in the KV cache at utilization 0\.90; about "
+                                           r"\d+ by the plan's estimate, \d+ with its error band held back "
+                                           r"\(block-aligned\)"))},
         source="plan"),
     "--no-plan: the flags as given even when the plan would cut": After(),
     "a KV cache too small: the length vLLM says fits, in one relaunch": After("starting restarting",
@@ -800,7 +813,8 @@ def test_measured_figures_round_trip_through_the_state_dir_shape() -> None:
     None, 5, "x", [], {}, {"overhead_bytes": 1, "weights_bytes": 2},
     {"overhead_bytes": 1, "under": []}, {"weights_bytes": 2, "under": []},
     {"overhead_bytes": "1", "weights_bytes": 2, "under": []}, {"overhead_bytes": 1, "weights_bytes": 2.5, "under": []},
-    {"overhead_bytes": True, "weights_bytes": 2, "under": []}, {"overhead_bytes": 1, "weights_bytes": False, "under": []},
+    {"overhead_bytes": True, "weights_bytes": 2, "under": []},
+    {"overhead_bytes": 1, "weights_bytes": False, "under": []},
     {"overhead_bytes": -1, "weights_bytes": 2, "under": []}, {"overhead_bytes": 1, "weights_bytes": -2, "under": []},
     {"overhead_bytes": 1, "weights_bytes": 2, "under": 5}, {"overhead_bytes": 1, "weights_bytes": 2, "under": [[1]]},
     {"overhead_bytes": 1, "weights_bytes": 2, "under": [[1, 2, 3]]},

@@ -259,3 +259,242 @@ def test_auto_fit_bounds() -> None:
     high = check_auto_fit({"auto_fit_max_model_len": 9000}, "kv_cache", floor=2048, cap=8192)
     assert high is not None and high.kind is Kind.AUTO_FIT_ABOVE_REQUEST
     assert "above the --max-model-len 8192" in high.evidence
+
+
+#: Each decision in full, as the log, /status and the history show it: the relaunch's reason and every
+#: changed flag (flag, was, now, why), or giving up's reason and advice. The numbers in them are the
+#: rows' own (their comments give the arithmetic); the words are what a person reads.
+WHOLE: dict[str, tuple[Any, ...]] = {
+    'V1 estimate, already block-aligned': (
+        "the KV cache holds about 41840 tokens (vLLM's estimate), not 131072; 41840 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '41840',
+             "the KV cache holds about 41840 tokens (vLLM's estimate), not 131072; 41840 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'an estimate between blocks is aligned down': (
+        "the KV cache holds about 20001 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '32768', '20000',
+             "the KV cache holds about 20001 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    "V0's token capacity is the fit": (
+        "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '32768', '19200',
+             "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    "the CPU build's 128-token block, the user's flags kept": (
+        "the KV cache holds about 65408 tokens (vLLM's estimate), not 131072; 65408 is that, aligned down to the "
+        '128-token block', (
+            ('--max-model-len', None, '65408',
+             "the KV cache holds about 65408 tokens (vLLM's estimate), not 131072; 65408 is that, aligned down to "
+             'the 128-token block'),
+        )),
+    '0.7-0.9.0 print only GiB: the ratio, 3% and a block held back': (
+        'the KV cache holds about 41542 tokens (the ratio of available to needed KV memory), not 131072; 41536 is '
+        'that, aligned down to the 16-token block', (
+            ('--max-model-len', None, '41536',
+             'the KV cache holds about 41542 tokens (the ratio of available to needed KV memory), not 131072; '
+             '41536 is that, aligned down to the 16-token block'),
+        )),
+    'no number at all: halve': (
+        'the KV cache holds about 16384 tokens (halving (vLLM printed no size)), not 32768; 16384 is that, aligned '
+        'down to the 16-token block', (
+            ('--max-model-len', '32768', '16384',
+             'the KV cache holds about 16384 tokens (halving (vLLM printed no size)), not 32768; 16384 is that, '
+             'aligned down to the 16-token block'),
+        )),
+    'below the floor: fp8 KV doubles the capacity': (
+        'only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity', (
+            ('--kv-cache-dtype', None, 'fp8',
+             'only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity'),
+            ('--max-model-len', None, '2992',
+             'about 2992 tokens fit with fp8 KV'),
+        )),
+    'the floor is configurable': (
+        "the KV cache holds about 1500 tokens (vLLM's estimate), not 32768; 1488 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '1488',
+             "the KV cache holds about 1500 tokens (vLLM's estimate), not 32768; 1488 is that, aligned down to the "
+             '16-token block'),
+        )),
+    'below the floor, fp8 known unsupported, nothing left to free': (
+        'the KV cache holds only about 1500 tokens, below the floor --min-model-len 2048',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'a length-only fix is not allowed: fp8 instead': (
+        'only 16000 tokens fit, below the floor of 2048; fp8 KV doubles the capacity', (
+            ('--kv-cache-dtype', None, 'fp8',
+             'only 16000 tokens fit, below the floor of 2048; fp8 KV doubles the capacity'),
+        )),
+    'V0 measured above 32768 (chunked by itself): chunked prefill stays on below it': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory '
+             'profile, and so the KV cache, as measured'),
+        )),
+    'V0 measured below 32768: the length alone': (
+        "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '32768', '19200',
+             "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'V1: the length alone': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'an unknown version: the length alone': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'auto-fit above the request pins the request': (
+        "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits", (
+            ('--max-model-len', 'auto', '8192',
+             "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits"),
+        )),
+    "above the model's own maximum: the derived length": (
+        "the model's config allows at most 32768 tokens", (
+            ('--max-model-len', '65536', '32768',
+             "the model's config allows at most 32768 tokens"),
+        )),
+    'free memory: the share under what vLLM found free, the length untouched': (
+        'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.75 stays under it', (
+            ('--gpu-memory-utilization', None, '0.75',
+             'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.75 stays under it'),
+        )),
+    'free memory: nothing left to share': (
+        'only 0.5/79.19 GiB is free on the GPU; other processes hold the rest',
+        'free the GPU (see the processes holding it)'),
+    'CPU build: a share whose KV part lacks memory shrinks by what it lacked': (
+        'the CPU memory share left the KV cache 1.42 GiB short of the 3.1 GiB available; 0.74 shrinks the share by '
+        'that', (
+            ('--gpu-memory-utilization', '0.9', '0.74',
+             'the CPU memory share left the KV cache 1.42 GiB short of the 3.1 GiB available; 0.74 shrinks the '
+             'share by that'),
+        )),
+    'CPU build: VLLM_CPU_KVCACHE_SPACE above free memory is for a person to change': (
+        'the KV cache was set to 64.0 GiB, but only 7.96 of 9.59 GiB of CPU memory is available '
+        '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
+    "CPU build: the environment variable wins over the flag, still a person's change": (
+        'the KV cache was set to 64.0 GiB, but only 7.96 of 9.59 GiB of CPU memory is available '
+        '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
+    'CPU build: --kv-cache-memory-bytes alone is lowered under 90% of free memory': (
+        'only 7.96 of 9.59 GiB of CPU memory is available; 7.16 GiB stays under it', (
+            ('--kv-cache-memory-bytes', '64G', '7691304960',
+             'only 7.96 of 9.59 GiB of CPU memory is available; 7.16 GiB stays under it'),
+        )),
+    'CUDA-graph capture failed: eager mode, the length untouched': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+        )),
+    'OOM while serving: the last good flags, half the sequences, after backoff': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', '64', '32',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM loading weights, no CPU offload allowed': (
+        "the model's weights do not fit in GPU memory",
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'no KV memory with the share the user set: never above it (a shared GPU), eager mode first': (
+        'no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take', (
+            ('--enforce-eager', None, '',
+             'no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take'),
+        )),
+    'no KV memory, CPU offload allowed': (
+        'offloading 8 GiB of weights to CPU leaves GPU memory for the KV cache (slow)', (
+            ('--cpu-offload-gb', None, '8',
+             'offloading 8 GiB of weights to CPU leaves GPU memory for the KV cache (slow)'),
+        )),
+    'the engine died: the last good flags unchanged, after backoff': (
+        'the engine died (engine_dead); relaunching with the last good flags', (
+        )),
+    'an unknown failure is treated as the engine dying': (
+        'the engine died (unknown_failure); relaunching with the last good flags', (
+        )),
+    'an argument vLLM never had': (
+        'vLLM refused its configuration: vllm: error: unrecognized arguments: --foo',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'a flag this vLLM removed is dropped with the reason': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    '... once only': (
+        'vLLM refused its configuration: vllm: error: unrecognized arguments: --swap-space 4',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'the port is in use: retried after backoff': (
+        'the port is in use; the previous holder may be exiting', (
+        )),
+    '... until the retries are spent': (
+        'vLLM refused its configuration: OSError: [Errno 98] Address already in use',
+        'stop the process holding the port, or give vLLM another --port'),
+    'chunked prefill the guard added and vLLM refused is undone': (
+        'vLLM refused the chunked prefill the guard had added; relaunching without it', (
+            ('--enable-chunked-prefill', '', None,
+             'vLLM refused chunked prefill here; without it'),
+        )),
+    "... the user's own chunked prefill is theirs": (
+        'vLLM refused its configuration: ValueError: Sliding window is not supported with chunked prefill',
+        'this GPU or this vLLM does not support what was asked: choose a --dtype, --quantization or '
+        '--kv-cache-dtype it supports, or another vLLM version'),
+    'fp8 KV the guard added, refused: give up with the KV failure that led there': (
+        'this GPU refuses fp8 KV cache, and without it the KV cache is below the floor (ValueError: To serve at '
+        'least one request ...)',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'a gated model: HF_TOKEN': (
+        'vLLM refused its configuration: huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: '
+        'Root=1-abc)',
+        'the model is gated: accept its licence on huggingface.co and give vLLM a token that may read it (HF_TOKEN '
+        "in the guard's environment; /etc/vllm-guard/env under systemd)"),
+    'a model that does not exist: check its name': (
+        'vLLM refused its configuration: OSError: org/missing-model is not a local folder and is not a valid model '
+        "identifier listed on 'https://huggingface.co/models'",
+        'check the model name: a Hugging Face repo id (org/name) or a local directory with config.json; a private '
+        'repo also needs HF_TOKEN'),
+    "the cause is vLLM's own line": (
+        'vLLM refused its configuration: ValueError: World size (2) is larger than the number of available GPUs '
+        '(1) in this node',
+        'make --tensor-parallel-size x --pipeline-parallel-size fit the GPUs this process sees '
+        "(CUDA_VISIBLE_DEVICES) and divide the model's attention heads"),
+    'more GPUs than present: what to change': (
+        'vLLM refused its configuration: ValueError: World size (2) is larger than the number of available GPUs '
+        '(1) in this node',
+        'make --tensor-parallel-size x --pipeline-parallel-size fit the GPUs this process sees '
+        "(CUDA_VISIBLE_DEVICES) and divide the model's attention heads"),
+    "an unknown flag: vLLM's help of the installed version": (
+        'vLLM refused its configuration: api_server.py: error: unrecognized arguments: --max-modle-len 4096',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+}
+
+
+def test_every_row_but_one_is_written_out_in_full():
+    assert set(WHOLE) == {r.name for r in ROWS} - {"never above what the user asked"}
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.name in WHOLE], ids=lambda r: r.name)
+def test_one_decision_in_full(row: Row) -> None:
+    asked = Flags.parse(row.flags if row.asked is None else row.asked)
+    out = R.decide(row.failure, Flags.parse(row.flags), R.Context(requested=asked, **row.knows))
+    if isinstance(out, R.GiveUp):
+        assert (out.reason, out.advice) == WHOLE[row.name]
+    else:
+        assert (out.why, tuple((c.flag, c.old, c.new, c.why) for c in out.changes)) == WHOLE[row.name]

@@ -1110,3 +1110,227 @@ def test_auto_fit_is_checked_against_the_phase_it_was_printed_in() -> None:
     s.first_launch()
     low = s.check_auto_fit({"auto_fit_max_model_len": 2000}, "kv_cache")
     assert low is not None and low.kind is Kind.KV_CACHE_INSUFFICIENT and low.phase == "kv_cache"
+
+
+# -- each fact reaches the decision it belongs to (written to kill the mutants scripts/mutation found) --
+def test_the_models_own_context_follows_the_vllm_version_and_the_sliding_window_flag(tmp_path: Path) -> None:
+    """vLLM's _get_and_verify_max_len: YaRN scales max_position_embeddings by its factor before 0.30 and
+    not from 0.30; --disable-sliding-window caps the length at the window (gpt-oss-20b: 128 tokens)."""
+    import json
+    cfg = json.loads((MODELS / "Qwen2.5-7B-Instruct" / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    yarn = load_model_info(str(tmp_path))
+    assert Session(config(), Facts(model=yarn, vllm_version="0.29.0"), rng=random.Random(0)).derived_max_model_len \
+        == 32768 * 4
+    assert Session(config(), Facts(model=yarn, vllm_version="0.30.0"), rng=random.Random(0)).derived_max_model_len \
+        == 32768
+    oss = load_model_info(str(MODELS / "gpt-oss-20b"))
+    assert Session(config(), Facts(model=oss), rng=random.Random(0)).derived_max_model_len == 131072
+    assert Session(config("--disable-sliding-window"), Facts(model=oss),
+                   rng=random.Random(0)).derived_max_model_len == 128
+
+
+@pytest.mark.parametrize("cc,version,mla,supported", [
+    ((8, 6), "0.10.2", False, True),      # V0 (and V1 before 0.11 falling back to it) converts in software
+    ((8, 6), "0.11.0", False, False),     # from 0.11 native e4m3 is needed: Ada (8.9) and newer
+    ((8, 9), None, False, True),          # an unknown vLLM: only where every path works
+    ((8, 6), None, False, False),
+    ((8, 9), "0.32.0", True, False),      # fp8 MLA needs Hopper
+    ((9, 0), "0.32.0", True, True),
+])
+def test_fp8_kv_support_is_judged_for_the_vllm_and_the_models_attention(cc: tuple[int, int], version: str | None,
+                                                                         mla: bool, supported: bool) -> None:
+    model = load_model_info(str(MODELS / ("DeepSeek-V2-Lite" if mla else "Llama-3.1-8B-Instruct")))
+    assert model is not None and model.mla is mla
+    dev = GpuDevice(0, "GPU", int(24 * GiB), 0, int(24 * GiB), cc, ())
+    s = Session(config(), Facts(devices=(dev,), vllm_version=version, model=model), rng=random.Random(0))
+    assert s.fp8_supported is supported
+
+
+def test_learned_flags_keep_the_models_positional_argument() -> None:
+    """``vllm-guard serve MODEL ...``: the learned flags replace the flags, never the model vLLM is given."""
+    s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+                rng=random.Random(0))
+    s.requested = Flags.parse("org/model --max-model-len 32768")
+    launch = s._choose(use_learned=True)
+    assert launch.flags.base == s.requested.base and launch.flags.get("--max-model-len") == "30368"
+
+
+def test_learning_off_ignores_learned_flags() -> None:
+    s = Session(config("--max-model-len 32768", **{"plan.learn": False}),
+                Facts(learned=Learned(("--max-model-len", "30368"))), rng=random.Random(0))
+    assert decision(s.first_launch()) == Go(("--max-model-len", "32768"), AS_GIVEN)
+    assert s.flags_source == "user" and s.notes == {}
+
+
+def test_a_learned_flag_without_a_stored_reason_says_where_it_came_from() -> None:
+    s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+                rng=random.Random(0))
+    s.first_launch()
+    note = s.notes["--max-model-len"]
+    assert (note.value, note.was, note.why, note.source) == ("30368", "32768", "learned from an earlier healthy launch",
+                                                             "store")
+
+
+def test_a_planned_cut_of_a_length_the_user_set_notes_what_they_asked() -> None:
+    s = Session(config("--max-model-len 131072"), on_gpus(l4(), model="Llama-3.1-8B-Instruct", version="0.10.2"),
+                rng=random.Random(0))
+    step = s.first_launch()
+    assert [(c.flag, c.old, c.new) for c in step.changes] == [("--max-model-len", "131072", CUT_0_10_L4)]
+    assert s.notes["--max-model-len"].was == "131072"
+
+
+def test_a_plan_with_two_changes_says_both_and_an_on_flag_as_on() -> None:
+    """V0 (0.6.x) profiles a cut length whole: the plan turns chunked prefill on with it (README)."""
+    s = Session(config(), on_gpus(l4(), model="Llama-3.1-8B-Instruct", version="0.6.6"), rng=random.Random(0))
+    step = s.first_launch()
+    assert [c.flag for c in step.changes] == ["--enable-chunked-prefill", "--max-model-len"]
+    chunked, length = step.changes
+    assert step.why == (f"planned first launch: --enable-chunked-prefill (on) ({chunked.why}); "
+                        f"--max-model-len {length.new} ({length.why})")
+
+
+def test_a_plan_without_the_gpus_size_says_it_cannot_plan() -> None:
+    s = Session(config(), Facts(model=load_model_info(str(MODELS / "Llama-3.1-8B-Instruct")), vllm_version="0.32.0"),
+                rng=random.Random(0))
+    assert decision(s.first_launch()) == Go((), "not enough facts to plan the first launch (no GPU size known); "
+                                                "vllm-guard will size from vLLM's own messages")
+
+
+def test_flags_that_fit_are_said_to_fit() -> None:
+    s = Session(config("--max-model-len 8192"), on_gpus(l4(), model="Llama-3.1-8B-Instruct"), rng=random.Random(0))
+    assert decision(s.first_launch()) == Go(("--max-model-len", "8192"), "the plan says the flags as given fit")
+
+
+def test_the_failure_that_made_learned_flags_forgotten_is_remembered_for_the_remedy() -> None:
+    s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+                rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, "the KV failure", max_model_len=30368, fit_max_model_len=20000))
+    assert [(d.kind, d.evidence) for d in s._context().previous] == [(Kind.KV_CACHE_INSUFFICIENT, "the KV failure")]
+
+
+def test_a_measured_figure_from_v0_blocks_and_an_observed_block_size() -> None:
+    """V0 prints "# GPU blocks: N"; V1 the tokens, counted in whole blocks of the block size it printed."""
+    info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    total = int(79.18 * GiB)
+    facts = Facts(total_gib=79.18, free_gib=79.18, vllm_version="0.11.0", model=info)
+    v0 = Session(config(), replace(facts, vllm_version="0.6.6"), rng=random.Random(0))
+    v0.first_launch()
+    v0.launching()
+    m = v0.healthy({"model_loading_gib": 61.03, "num_gpu_blocks": 1139}, 60.0).measured
+    # 1139 blocks x 16 tokens x 256 KiB a token
+    assert m is not None and m.overhead_bytes == math.ceil(total * 0.90) - int(61.03 * GiB) - 1139 * 16 * 262144
+    b32 = Session(config(), facts, rng=random.Random(0))
+    b32.first_launch()
+    b32.launching()
+    m32 = b32.healthy({"model_loading_gib": 61.03, "kv_cache_tokens": 18232, "block_size": 32}, 60.0).measured
+    assert m32 is not None
+    assert m32.overhead_bytes == math.ceil(total * 0.90) - int(61.03 * GiB) - 18232 // 32 * 32 * 262144
+
+
+def test_a_measured_overhead_of_zero_is_a_figure_but_a_negative_one_is_not() -> None:
+    """10 GiB at 0.90 is 9 GiB (rounded up to the byte): 5 GiB of weights and 4 GiB of KV leave nothing."""
+    info = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+    facts = Facts(total_gib=10.0, free_gib=10.0, vllm_version="0.11.0", model=info)
+    s = Session(config(**{"plan.enabled": False}), facts, rng=random.Random(0))     # the default share, 0.90
+    s.first_launch()
+    s.launching()
+    assert math.ceil(10 * GiB * 0.9) - 5 * GiB - 4 * GiB == 0
+    m = s.healthy({"model_loading_gib": 5.0, "available_kv_gib": 4.0}, 5.0).measured
+    assert m is not None and m.overhead_bytes == 0
+    assert s.sizing is not None and (s.sizing.measured_overhead_bytes, s.sizing.measured_weights_bytes) == (0, 5 * GiB)
+    assert s.healthy({"model_loading_gib": 5.0, "available_kv_gib": 4.01}, 5.0).measured is None
+
+
+def test_no_measured_figure_on_the_cpu_build_even_with_its_memory_known() -> None:
+    info = load_model_info(str(MODELS / "tiny-llama-cpu"))
+    s = Session(config(), Facts(platform="cpu", total_gib=9.59, vllm_version="0.32.0", model=info),
+                rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    assert s.healthy({"model_loading_gib": 0.05, "available_kv_gib": 4.0}, 5.0).measured is None
+
+
+def test_a_bad_state_change_names_the_states_and_the_reason() -> None:
+    from supervisor.core.lifecycle import BadTransition
+    s = Session(config(), Facts(), rng=random.Random(0))
+    s.stopped("signal")
+    with pytest.raises(BadTransition, match=r"^stopped -> starting \(launch 1\)$"):
+        s.launching()
+
+
+def test_backoff_grows_by_the_multiplier_given() -> None:
+    cfg = config(**{"backoff.multiplier": 3.0, "backoff.maximum": 100.0})
+    assert [Session(cfg, Facts(), rng=random.Random(0)).backoff_delay(n) for n in (1, 2, 3, 4, 5)] == \
+        [2.0, 6.0, 18.0, 54.0, 100.0]
+
+
+def test_restarts_are_counted() -> None:
+    s = Session(config(), Facts(), rng=random.Random(0))
+    s.first_launch()
+    for _ in range(3):
+        s.launching()
+        s.restart(reset=False)
+    assert s.restarts == 3
+
+
+def test_a_planned_length_below_what_vllm_measured_is_raised_for_the_next_start() -> None:
+    """The plan's cut (source "plan", before 0.14: a number) held an error band back; vLLM printed
+    the KV cache it really has, so the next start gets what fits, in whole 16-token blocks."""
+    s = Session(config(), on_gpus(l4(), model="Llama-3.1-8B-Instruct", version="0.10.2"), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    served = s.current.get_int("--max-model-len")
+    assert served is not None and s.notes["--max-model-len"].source == "plan"
+    h = s.healthy({"kv_cache_tokens": 29032}, 30.0)                 # no block size printed: 16 on a GPU
+    assert h.learn == ("--max-model-len", "29024")
+    assert h.reasons["--max-model-len"] == (f"vLLM measured room for 29032 tokens where {served} were served (the "
+                                            "estimate held back); 29024 is kept for the next start")
+
+
+def test_room_for_less_than_a_block_more_changes_nothing_for_the_next_start() -> None:
+    s = Session(config(), Facts(vllm_version="0.13.0"), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30000))
+    s.launching()
+    h = s.healthy({"kv_cache_tokens": 30010, "block_size": 16}, 30.0)   # 30010 // 16 * 16 = 30000: as served
+    assert h.learn == ("--max-model-len", "30000")
+    assert h.reasons["--max-model-len"] == s.notes["--max-model-len"].text
+
+
+def test_a_plan_that_foresees_no_kv_memory_keeps_its_own_changes_and_adds_the_remedys() -> None:
+    """A busy 17 GiB GPU (16 GiB free) with vLLM 0.32: the plan lowers the share under what is free
+    and, foreseeing no memory left for the KV cache, takes the remedy's step (eager mode) at once."""
+    total, free = int(17 * GiB), int(16 * GiB)
+    dev = GpuDevice(0, "NVIDIA L4", total, total - free, free, (8, 9), ())
+    facts = Facts(devices=(dev,), free_gib=16.0, total_gib=17.0, vllm_version="0.32.0",
+                  model=load_model_info(str(MODELS / "Llama-3.1-8B-Instruct")))
+    step = Session(config(), facts, rng=random.Random(0)).first_launch()
+    assert [(c.flag, c.old) for c in step.changes] == [("--gpu-memory-utilization", None), ("--enforce-eager", None)]
+    assert step.changes[1].why.startswith("no_kv_cache_memory expected: ")
+    assert not step.changes[0].why.startswith("no_kv_cache_memory expected")
+
+
+def test_a_measured_figure_per_pipeline_stage_and_per_kv_manager_of_the_version() -> None:
+    """Per rank: -pp 2 holds half of Qwen3-32B's 64 layers (128 KiB a token); vLLM before 0.8 has no
+    hybrid KV manager, so a block of gpt-oss-20b spans all 24 layers (16 tokens x 8 KV heads x 64 x
+    2 x 2 bytes = 32 KiB a layer)."""
+    total = int(79.18 * GiB)
+    qwen = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
+    s = Session(config("-pp 2", **{"plan.enabled": False}),
+                Facts(total_gib=79.18, free_gib=79.18, vllm_version="0.11.0", model=qwen), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    m = s.healthy({"model_loading_gib": 30.5, "kv_cache_tokens": 16000}, 60.0).measured
+    assert m is not None and m.overhead_bytes == math.ceil(total * 0.9) - int(30.5 * GiB) - 16000 * 131072
+    oss = load_model_info(str(CALIBRATION / "models" / "gpt-oss-20b"))
+    o = Session(config(**{"plan.enabled": False}),
+                Facts(total_gib=79.18, free_gib=79.18, vllm_version="0.7.2", model=oss), rng=random.Random(0))
+    o.first_launch()
+    o.launching()
+    mo = o.healthy({"model_loading_gib": 13.47, "num_gpu_blocks": 50000}, 60.0).measured
+    assert mo is not None and mo.overhead_bytes == math.ceil(total * 0.9) - int(13.47 * GiB) - 50000 * 32768 * 24

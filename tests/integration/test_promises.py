@@ -305,21 +305,27 @@ def _padding(path: Path, size: int, line: bytes) -> int:
     return count * len(line)
 
 
-@pytest.mark.parametrize("name,limit", [("history.jsonl", 4 * MiB), ("vllm.log", 8 * MiB)])
-def test_a_state_log_rotates_at_its_size_and_loses_nothing(run, tmp_path, name, limit):
-    """The file is filled to within one short line of its limit before a real guard starts; the first
-    line the guard writes that does not fit moves the file to <name>.1 whole, and goes on in a new one."""
+# room left below the limit: more than the guard's first line there, less than what one run writes
+# (a launch's history record is about 600 bytes and a run writes two; vLLM's start-up, about 7 KB)
+@pytest.mark.parametrize("name,limit,room", [("history.jsonl", 4 * MiB, 900), ("vllm.log", 8 * MiB, 2000)])
+def test_a_state_log_rotates_at_its_size_and_loses_nothing(run, tmp_path, name, limit, room):
+    """The file is filled to ``room`` bytes below its limit before a real guard starts: the guard's first
+    lines still go into it, and the first line that does not fit moves the file to <name>.1 whole and
+    starts a new one. Rotated earlier, the guard's lines would not be in <name>.1; later, there would be
+    no <name>.1."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     pad = (json.dumps({"event": "padding", "n": None, "note": "x" * 40}) + "\n").encode() if name.endswith(
         ".jsonl") else b"INFO 12-01 09:00:00 [padding.py:1] an earlier vLLM line kept in the state dir\n"
-    written = _padding(state / name, limit - 5, pad)
-    assert limit - len(pad) < written <= limit - 5
+    written = _padding(state / name, limit - room, pad)
+    assert limit - room - len(pad) < written <= limit - room
     g = run(SERVING, vllm_args=FLAGS, state_dir=state)
     g.wait_healthy(launches=1)
     assert g.terminate() == 0
+    assert (state / (name + ".1")).exists(), f"{name} grew past {limit} bytes without rotating"
     old, new = (state / (name + ".1")).read_bytes(), (state / name).read_bytes()
     assert len(old) <= limit and old[:written] == pad * (written // len(pad))
+    assert len(old) > written, "rotated before the limit: none of the guard's own lines went into the old file"
     first_new = new.split(b"\n", 1)[0] + b"\n"
     assert len(old) + len(first_new) > limit                # that line did not fit: the limit is exactly this
     assert old.count(pad) == written // len(pad)            # the earlier lines, every one
@@ -364,6 +370,8 @@ def test_the_status_endpoint_gives_a_request_5_s_at_its_default(run):
     s.settimeout(0.5)
     closed_at = None
     for byte in b"ET /status HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 40:
+        if time.monotonic() - t0 > 10:
+            break
         try:
             s.sendall(bytes([byte]))
             if s.recv(65536) == b"":
@@ -373,8 +381,6 @@ def test_the_status_endpoint_gives_a_request_5_s_at_its_default(run):
             continue
         except (ConnectionResetError, BrokenPipeError):
             closed_at = time.monotonic()
-            break
-        if time.monotonic() - t0 > 10:
             break
     s.close()
     assert closed_at is not None, "a request trickling for 10 s was never cut (the deadline is 5 s)"

@@ -16,11 +16,15 @@ from typing import Any
 import httpx
 import psutil
 
+from tests.fakes.emulator import printed
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakes" / "fake_vllm.py"
 MARKER = "VLLMGUARD_LAUNCH"
-#: The fake vLLM's Llama-3.1-8B (its scenario's "model"): real config.json figures, weights as loaded.
-LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
+#: The fake vLLM's Llama-3.1-8B (its scenario's "model"): real config.json figures, and the weights
+#: vLLM printed loading it ("Model loading took 14.99 GiB", calibration record 5).
+LLAMA8B = {"weights_gib": printed("Llama-3.1-8B-Instruct", "obs_weights_gib"), "kv_bytes_per_token": 131072,
+           "num_kv_heads": 8,
            "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
 
 

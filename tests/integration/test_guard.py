@@ -32,9 +32,12 @@ def test_kv_cache_failure_healed_in_one_relaunch_to_the_estimate(run, version):
     s = g.wait_healthy(launches=2)
     first, second = s["launches"]
     assert first["kind"] == "kv_cache_insufficient" and first["outcome"] == "failed"
-    fit = first["numbers"]["fit_max_model_len"]
+    # what the fake vLLM printed is the emulator's verdict (its figures from the calibration records),
+    # not what the guard parsed: the guard must have read it right and cut to it, block-aligned
+    fit = true_fit(version)
+    assert first["numbers"]["fit_max_model_len"] == fit
     new = int(argv_flag(second["argv"], "--max-model-len"))
-    assert fit - 16 < new <= fit and new % 16 == 0
+    assert new == fit // 16 * 16
     assert s["changed_flags"]["--max-model-len"]["source"] == "heal"
     r = g.chat()
     assert r.status_code == 200 and r.json()["choices"]
@@ -275,8 +278,7 @@ def test_second_guard_on_the_same_state_dir_refuses(run, tmp_path):
     g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
     g.wait_healthy(launches=1)
     other = run({"version": "0.32.0"}, state_dir=g.state_dir)
-    code = other.wait_exit()
-    assert code != 0
+    assert other.wait_exit() == 78          # a person must act: systemd does not restart it (RestartPreventExitStatus)
     assert str(g.proc.pid) in other.output()
     assert g.terminate() == 0
 

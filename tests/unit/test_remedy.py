@@ -7,7 +7,8 @@ the classifier extracts. Ladders (several failures in a row) are the second tabl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ from supervisor.core import remedy as R
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags
+from supervisor.core.plan import Sizing
 from supervisor.errors import EX_CONFIG, EX_TEMPFAIL
+from supervisor.facts.model_files import load_model_info
 
 KV, FREE, NO_KV = Kind.KV_CACHE_INSUFFICIENT, Kind.INSUFFICIENT_FREE_MEMORY, Kind.NO_KV_CACHE_MEMORY
 CONFIG = Kind.CONFIG_ERROR
@@ -486,6 +489,335 @@ WHOLE: dict[str, tuple[Any, ...]] = {
 }
 
 
+# -- more decisions, each branch of the policy (what scripts/mutation showed no row reached) ---------------
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+LLAMA = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+TINY_CPU = load_model_info(str(MODELS / "tiny-llama-cpu"))
+
+
+def sized(version: str | None, info: Any = LLAMA, **kw: Any) -> Sizing:
+    """The plan's facts for the model, as the session builds them (an L4-class card unless given)."""
+    return Sizing(info, gpus=1, vllm_version=version, **kw)
+
+
+L4_FACTS = {"gpu_total_gib": 22.06, "gpu_free_gib": 22.06}
+MORE = [
+    # -- insufficient free memory ---------------------------------------------------------------
+    Row("free memory: nothing printed and nothing known: give up", D(FREE), gives_up=EX_TEMPFAIL),
+    Row("free memory: the share may not be changed: give up", D(FREE, free_gib=60.12, total_gib=79.19),
+        knows={"rules": RemedyConfig(allowed=("max_model_len",))}, gives_up=EX_TEMPFAIL),
+    Row("free memory from NVML (nothing printed): its CUDA context is taken off too",
+        D(FREE), knows={"gpu_free_gib": 60.12, "gpu_total_gib": 79.19},
+        # (60.12 - 0.4 context) / 79.19 = 0.7541, less the 0.005 margin -> 0.74
+        then="--gpu-memory-utilization 0.74", step="gpu_memory_utilization_free"),
+    Row("free memory: a share already under what is free cannot be lowered by this rule",
+        D(FREE, free_gib=60.12, total_gib=79.19), "--gpu-memory-utilization 0.5", gives_up=EX_TEMPFAIL),
+    Row("free memory: the share left cannot hold the weights",
+        D(FREE, free_gib=12.0, total_gib=22.06), knows={"sizing": sized("0.32.0"), **L4_FACTS}, gives_up=EX_TEMPFAIL),
+    Row("free memory with the model known: the share and, from 0.14, auto for the length",
+        D(FREE, free_gib=19.06, total_gib=22.06), knows={"sizing": sized("0.32.0"), "vllm_version": "0.32.0",
+                                                         **L4_FACTS},
+        then="--gpu-memory-utilization 0.85 --max-model-len auto", step="gpu_memory_utilization_free"),
+    Row("free memory with the model known, before 0.14: the share and the length as a number",
+        D(FREE, free_gib=19.06, total_gib=22.06), knows={"sizing": sized("0.10.2"), "vllm_version": "0.10.2",
+                                                         **L4_FACTS},
+        then="--gpu-memory-utilization 0.83 --max-model-len 14768", step="gpu_memory_utilization_free"),
+    Row("free memory with the model known, a length-only change not allowed: the share alone",
+        D(FREE, free_gib=19.06, total_gib=22.06),
+        knows={"sizing": sized("0.32.0"), "vllm_version": "0.32.0", **L4_FACTS,
+               "rules": RemedyConfig(allowed=("gpu_memory_utilization",))},
+        then="--gpu-memory-utilization 0.85", step="gpu_memory_utilization_free"),
+    Row("CPU build: a node figure names CPU memory when nothing is left",
+        D(FREE, free_gib=0.2, total_gib=9.59, requested_gib=8.63, cpu_node=True), gives_up=EX_TEMPFAIL),
+    # -- the CPU build's KV space -----------------------------------------------------------------
+    Row("CPU build: too little memory left for any KV cache", D(FREE, free_gib=0.2, total_gib=9.59, cpu_kv_gib=64.0),
+        "--kv-cache-memory-bytes 64G", gives_up=EX_TEMPFAIL),
+    Row("CPU build: the share may not be changed", D(FREE, free_gib=7.96, total_gib=9.59, cpu_kv_gib=64.0),
+        "--kv-cache-memory-bytes 64G", knows={"rules": RemedyConfig(allowed=("max_model_len",))},
+        gives_up=EX_TEMPFAIL),
+    Row("CPU build: a smaller KV cache with the model known shortens the length too",
+        D(FREE, free_gib=0.5, total_gib=9.59, cpu_kv_gib=64.0, max_model_len=131072),
+        "--kv-cache-memory-bytes 64G --max-model-len 131072",
+        knows={"sizing": sized("0.32.0", TINY_CPU, platform="cpu"), "vllm_version": "0.32.0", "block_size": 128},
+        then="--kv-cache-memory-bytes 482344960 --max-model-len 29312", step="cpu_kv_space"),
+    # -- OOM while serving, loading weights, the engine dying -----------------------------------------
+    Row("OOM while serving, fewer sequences not allowed: the same flags after backoff", D(Kind.OOM_RUNTIME),
+        "--max-num-seqs 64", knows={"rules": RemedyConfig(allowed=("restart",))},
+        then="--max-num-seqs 64", step="restart", backoff=True),
+    Row("OOM while serving at one sequence already: the same flags after backoff", D(Kind.OOM_RUNTIME),
+        "--max-num-seqs 1", then="--max-num-seqs 1", step="restart", backoff=True),
+    Row("OOM while serving with no last good flags: vLLM's default for an 80 GB card halved",
+        D(Kind.OOM_RUNTIME), knows={"gpu_total_gib": 79.19, "vllm_version": "0.32.0"},
+        then="--max-num-seqs 512", step="oom_runtime", backoff=True),
+    Row("OOM while serving on a 24 GB card: 256 sequences halved", D(Kind.OOM_RUNTIME),
+        knows={"gpu_total_gib": 22.06, "vllm_version": "0.32.0"}, then="--max-num-seqs 128", step="oom_runtime",
+        backoff=True),
+    Row("OOM loading weights, CPU offload allowed", D(Kind.OOM_WEIGHTS),
+        knows={"rules": RemedyConfig(cpu_offload_gb=4), "vllm_version": "0.10.2"},
+        then="--cpu-offload-gb 4", step="oom_weights:cpu_offload"),
+    Row("the engine died saying why: the reason is vLLM's",
+        Diagnosis(Kind.ENGINE_DEAD, evidence="x", detail="vLLM was killed by SIGKILL."),
+        "--max-model-len 8192", then="--max-model-len 8192", step="restart", backoff=True),
+    # -- the model's maximum, auto-fit ------------------------------------------------------------------
+    Row("above the model's maximum, which the log does not say and the model is unknown",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=65536), "--max-model-len 65536", gives_up=EX_CONFIG),
+    Row("above the model's maximum: config.json's when the log does not say it",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=200000), "--max-model-len 200000",
+        knows={"derived_max_model_len": 131072}, then="--max-model-len 131072", step="max_model_len_derived"),
+    Row("above the model's maximum, a length change not allowed",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=65536, derived_max_model_len=32768), "--max-model-len 65536",
+        knows={"rules": RemedyConfig(allowed=("restart",))}, gives_up=EX_CONFIG),
+    Row("auto-fit above a request nobody can name", D(Kind.AUTO_FIT_ABOVE_REQUEST, fit_max_model_len=9000),
+        "--max-model-len auto", asked="--max-model-len auto", gives_up=EX_CONFIG),
+    Row("auto-fit above the length the log says was asked",
+        D(Kind.AUTO_FIT_ABOVE_REQUEST, fit_max_model_len=9000, max_model_len=8192), "--max-model-len auto",
+        asked="--max-model-len auto", then="--max-model-len 8192", step="max_model_len_asked"),
+    # -- the KV cache, with the model known --------------------------------------------------------------
+    Row("KV: neither a size nor a length: give up", D(KV), gives_up=EX_TEMPFAIL),
+    Row("KV: the estimate no shorter than the length: halve instead",
+        D(KV, max_model_len=16384, fit_max_model_len=20000), "--max-model-len 16384",
+        then="--max-model-len 8192", step="max_model_len"),
+    Row("KV on V0 0.6 with the model known: chunked prefill frees the whole-context profile",
+        D(KV, max_model_len=32768, fit_max_model_len=20000), "--max-model-len 32768",
+        knows={"sizing": sized("0.6.6"), "vllm_version": "0.6.6"},
+        then="--max-model-len 32768 --enable-chunked-prefill", step="max_model_len"),
+    Row("KV before 0.20 on a shared GPU with the model known: room for the CUDA graphs too",
+        D(KV, max_model_len=131072, fit_max_model_len=30000), "",
+        knows={"sizing": sized("0.10.2"), "vllm_version": "0.10.2", "gpu_total_gib": 22.06, "gpu_free_gib": 19.06},
+        then="--gpu-memory-utilization 0.82 --max-model-len 15536", step="max_model_len"),
+    Row("KV below the floor, fp8 known unsupported: eager mode first (0.20+ counts graphs in the budget)",
+        D(KV, max_model_len=32768, fit_max_model_len=1500), knows={"fp8_supported": False, "vllm_version": "0.32.0"},
+        then="--enforce-eager", step="kv_small:enforce_eager"),
+    Row("KV below the floor before 0.20: eager mode frees nothing for it, a smaller batch does",
+        D(KV, max_model_len=32768, fit_max_model_len=1500), knows={"fp8_supported": False, "vllm_version": "0.10.2",
+                                                                   "gpu_total_gib": 22.06},
+        then="--max-num-batched-tokens 1024", step="kv_small:max_num_batched_tokens"),
+    Row("KV below the floor with fp8 already: give up, saying fp8 was tried",
+        D(KV, max_model_len=2992, fit_max_model_len=1000), "--kv-cache-dtype fp8 --max-model-len 2992",
+        knows={"tried": ("kv_cache_fp8", "kv_small:enforce_eager", "kv_small:max_num_batched_tokens")},
+        gives_up=EX_TEMPFAIL),
+    Row("KV far below the floor on V0 with the model known: chunked prefill alone lifts it over",
+        D(KV, max_model_len=16384, fit_max_model_len=1200), "--max-model-len 16384",
+        knows={"sizing": sized("0.6.6"), "vllm_version": "0.6.6"},
+        then="--max-model-len 5216 --enable-chunked-prefill", step="max_model_len"),
+    # -- OOM while profiling ---------------------------------------------------------------------------
+    Row("OOM allocating V0's KV cache with the free memory known: a share under it",
+        replace(D(Kind.OOM_PROFILE), phase="kv_cache"), "--gpu-memory-utilization 0.9",
+        knows={"gpu_free_gib": 18.0, "gpu_total_gib": 22.06, "vllm_version": "0.6.6"},
+        then="--gpu-memory-utilization 0.77", step="oom_kv_alloc"),
+    Row("OOM allocating the KV cache, nothing known: a step down", replace(D(Kind.OOM_PROFILE), phase="kv_cache"),
+        "--gpu-memory-utilization 0.9", then="--gpu-memory-utilization 0.85", step="oom_kv_alloc"),
+    Row("OOM while profiling, everything tried: give up",
+        D(Kind.OOM_PROFILE), "--max-num-seqs 1 --max-num-batched-tokens 512 --gpu-memory-utilization 0.5",
+        knows={"tried": ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens",
+                         "oom_profile:lower_utilization")}, gives_up=EX_TEMPFAIL),
+    Row("OOM while profiling with the sequences vLLM warmed up unknown: vLLM's default halved",
+        D(Kind.OOM_PROFILE), knows={"gpu_total_gib": 22.06, "vllm_version": "0.32.0"},
+        then="--max-num-seqs 128", step="oom_profile:max_num_seqs"),
+    # -- configuration errors -----------------------------------------------------------------------------
+    Row("two removed flags at once are both dropped",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space 4 --disable-log-requests", vllm_version="0.20.0"),
+        "--swap-space 4 --disable-log-requests --max-model-len 8192", then="--max-model-len 8192",
+        step="drop_removed_flags"),
+    Row("an unrecognized flag vLLM never removed is the user's to fix",
+        D(CONFIG, "vllm: error: unrecognized arguments: --max-modle-len 4096", vllm_version="0.20.0"),
+        "--max-modle-len 4096", gives_up=EX_CONFIG),
+]
+
+
+#: The rows above in full (how WHOLE writes them).
+MORE_WHOLE: dict[str, tuple[Any, ...]] = {
+    'free memory: nothing printed and nothing known: give up': (
+        'other processes hold the GPU memory vLLM asked for',
+        'free the GPU, or lower --gpu-memory-utilization'),
+    'free memory: the share may not be changed: give up': (
+        'other processes hold the GPU memory vLLM asked for',
+        'free the GPU, or lower --gpu-memory-utilization'),
+    'free memory from NVML (nothing printed): its CUDA context is taken off too': (
+        'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.74 stays under it', (
+            ('--gpu-memory-utilization', None, '0.74',
+             'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.74 stays under it'),
+        )),
+    'free memory: a share already under what is free cannot be lowered by this rule': (
+        'only 60.12/79.19 GiB is free on the GPU; other processes hold the rest',
+        'free the GPU (see the processes holding it)'),
+    'free memory: the share left cannot hold the weights': (
+        "only 12.0 of 22.06 GiB is free on the GPU: at 0.53 vLLM could use 11.69 GiB, less than the model's "
+        'weights (14.96 GiB per rank)',
+        'free the GPU (see the processes holding it)'),
+    'free memory with the model known: the share and, from 0.14, auto for the length': (
+        'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.85 stays under it', (
+            ('--gpu-memory-utilization', None, '0.85',
+             'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.85 stays under it'),
+            ('--max-model-len', None, 'auto',
+             "131072 tokens do not fit in the KV cache at utilization 0.85; about 23024 by the plan's estimate, so "
+             'vLLM sizes the length to the KV cache it measures (auto), held between 2048 and 131072'),
+        )),
+    'free memory with the model known, before 0.14: the share and the length as a number': (
+        'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.83 stays under it', (
+            ('--gpu-memory-utilization', None, '0.83',
+             'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.83 stays under it'),
+            ('--max-model-len', None, '14768',
+             "131072 tokens do not fit in the KV cache at utilization 0.83; about 16128 by the plan's estimate, "
+             '14768 with its error band held back (block-aligned)'),
+        )),
+    'free memory with the model known, a length-only change not allowed: the share alone': (
+        'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.85 stays under it', (
+            ('--gpu-memory-utilization', None, '0.85',
+             'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.85 stays under it'),
+        )),
+    'CPU build: a node figure names CPU memory when nothing is left': (
+        'only 0.2/9.59 GiB is free on CPU memory; other processes hold the rest',
+        'free CPU memory (see the processes holding it)'),
+    'CPU build: too little memory left for any KV cache': (
+        'only 0.2 of 9.59 GiB of CPU memory is available for the KV cache',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 0 GiB, or free memory on this machine'),
+    'CPU build: the share may not be changed': (
+        'only 7.96 of 9.59 GiB of CPU memory is available for the KV cache',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
+    'CPU build: a smaller KV cache with the model known shortens the length too': (
+        'only 0.5 of 9.59 GiB of CPU memory is available; 0.45 GiB stays under it', (
+            ('--kv-cache-memory-bytes', '64G', '482344960',
+             'only 0.5 of 9.59 GiB of CPU memory is available; 0.45 GiB stays under it'),
+            ('--max-model-len', '131072', '29312',
+             'about 29312 tokens fit in the smaller KV cache'),
+        )),
+    'OOM while serving, fewer sequences not allowed: the same flags after backoff': (
+        'CUDA ran out of memory while serving; restarting', (
+        )),
+    'OOM while serving at one sequence already: the same flags after backoff': (
+        'CUDA ran out of memory while serving; restarting', (
+        )),
+    "OOM while serving with no last good flags: vLLM's default for an 80 GB card halved": (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '512',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM while serving on a 24 GB card: 256 sequences halved': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM loading weights, CPU offload allowed': (
+        'offloading 4 GiB of weights to CPU leaves GPU memory for the KV cache (slow)', (
+            ('--cpu-offload-gb', None, '4',
+             'offloading 4 GiB of weights to CPU leaves GPU memory for the KV cache (slow)'),
+        )),
+    "the engine died saying why: the reason is vLLM's": (
+        'vLLM was killed by SIGKILL; relaunching with the last good flags', (
+        )),
+    "above the model's maximum, which the log does not say and the model is unknown": (
+        "--max-model-len is above the model's maximum, and the log does not say the maximum",
+        "set --max-model-len to the model's context length"),
+    "above the model's maximum: config.json's when the log does not say it": (
+        "the model's config allows at most 131072 tokens", (
+            ('--max-model-len', '200000', '131072',
+             "the model's config allows at most 131072 tokens"),
+        )),
+    "above the model's maximum, a length change not allowed": (
+        "--max-model-len is above the model's maximum, and the log does not say the maximum",
+        "set --max-model-len to the model's context length"),
+    'auto-fit above a request nobody can name': (
+        "vLLM's auto-fit chose a length above the request, but the request is unknown",
+        'set --max-model-len'),
+    'auto-fit above the length the log says was asked': (
+        "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits", (
+            ('--max-model-len', 'auto', '8192',
+             "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits"),
+        )),
+    'KV: neither a size nor a length: give up': (
+        'the KV cache is too small, and neither the log nor the flags say the current length',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'KV: the estimate no shorter than the length: halve instead': (
+        "the KV cache holds about 16384 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '16384', '8192',
+             "the KV cache holds about 16384 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'KV on V0 0.6 with the model known: chunked prefill frees the whole-context profile': (
+        'vLLM V0 measured 20000 tokens while profiling all 32768 at once; in chunks of 2048 the profile frees room '
+        'for about 17969 more (estimated, 3% held back)', (
+            ('--enable-chunked-prefill', None, '',
+             'vLLM V0 measured 20000 tokens while profiling all 32768 at once; in chunks of 2048 the profile frees '
+             'room for about 17969 more (estimated, 3% held back)'),
+        )),
+    'KV before 0.20 on a shared GPU with the model known: room for the CUDA graphs too': (
+        "the KV cache holds about 30000 tokens (vLLM's estimate), not 131072; with the changes below about 15543, "
+        'aligned down to the 16-token block', (
+            ('--max-model-len', None, '15536',
+             "the KV cache holds about 30000 tokens (vLLM's estimate), not 131072; with the changes below about "
+             '15543, aligned down to the 16-token block'),
+            ('--gpu-memory-utilization', None, '0.82',
+             'other processes hold memory and this vLLM captures CUDA graphs outside its budget; 0.82 leaves room '
+             'for them (about 14457 tokens fewer)'),
+        )),
+    'KV below the floor, fp8 known unsupported: eager mode first (0.20+ counts graphs in the budget)': (
+        'only 1500 tokens fit, below the floor of 2048; no memory was left for the KV cache; eager mode frees what '
+        'CUDA graphs and compilation take', (
+            ('--enforce-eager', None, '',
+             'no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take'),
+        )),
+    'KV below the floor before 0.20: eager mode frees nothing for it, a smaller batch does': (
+        'only 1500 tokens fit, below the floor of 2048; a smaller batch lowers the activation peak that left no '
+        'room for KV', (
+            ('--max-num-batched-tokens', None, '1024',
+             'a smaller batch lowers the activation peak that left no room for KV'),
+        )),
+    'KV below the floor with fp8 already: give up, saying fp8 was tried': (
+        'the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048 even with fp8 KV',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'KV far below the floor on V0 with the model known: chunked prefill alone lifts it over': (
+        "the KV cache holds about 1200 tokens (vLLM's estimate), not 16384; with the changes below about 5220, "
+        'aligned down to the 16-token block', (
+            ('--max-model-len', '16384', '5216',
+             "the KV cache holds about 1200 tokens (vLLM's estimate), not 16384; with the changes below about "
+             '5220, aligned down to the 16-token block'),
+            ('--enable-chunked-prefill', None, '',
+             'vLLM V0 measured 1200 tokens while profiling all 16384 at once; in chunks of 2048 the profile frees '
+             'room for about 4145 more (estimated, 3% held back)'),
+        )),
+    "OOM allocating V0's KV cache with the free memory known: a share under it": (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.77 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.9', '0.77',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.77 stays under what they leave'),
+        )),
+    'OOM allocating the KV cache, nothing known: a step down': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.85 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.9', '0.85',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.85 stays under what they leave'),
+        )),
+    'OOM while profiling, everything tried: give up': (
+        'CUDA ran out of memory while profiling, and every allowed remedy has been tried',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    "OOM while profiling with the sequences vLLM warmed up unknown: vLLM's default halved": (
+        'CUDA ran out of memory warming up the dummy requests; 128 sequences need half the activation memory', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory warming up the dummy requests; 128 sequences need half the activation memory'),
+        )),
+    'two removed flags at once are both dropped': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed); '
+        '--disable-log-requests was removed in vLLM 0.17.0 (request logging is off by default '
+        '(--enable-log-requests))', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+            ('--disable-log-requests', '', None,
+             '--disable-log-requests was removed in vLLM 0.17.0 (request logging is off by default '
+             '(--enable-log-requests))'),
+        )),
+    "an unrecognized flag vLLM never removed is the user's to fix": (
+        'vLLM refused its configuration: vllm: error: unrecognized arguments: --max-modle-len 4096',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+}
+
+
 def test_every_row_but_one_is_written_out_in_full():
     assert set(WHOLE) == {r.name for r in ROWS} - {"never above what the user asked"}
 
@@ -498,3 +830,14 @@ def test_one_decision_in_full(row: Row) -> None:
         assert (out.reason, out.advice) == WHOLE[row.name]
     else:
         assert (out.why, tuple((c.flag, c.old, c.new, c.why) for c in out.changes)) == WHOLE[row.name]
+
+
+@pytest.mark.parametrize("row", MORE, ids=lambda r: r.name)
+def test_one_more_decision(row: Row) -> None:
+    test_one_decision(row)
+    asked = Flags.parse(row.flags if row.asked is None else row.asked)
+    out = R.decide(row.failure, Flags.parse(row.flags), R.Context(requested=asked, **row.knows))
+    if isinstance(out, R.GiveUp):
+        assert (out.reason, out.advice) == MORE_WHOLE[row.name]
+    else:
+        assert (out.why, tuple((c.flag, c.old, c.new, c.why) for c in out.changes)) == MORE_WHOLE[row.name]

@@ -473,3 +473,34 @@ def test_a_stop_during_the_wait_for_the_last_launchs_gpu_memory_ends_it_at_once(
             nvml.holder.wait()
         for p in procs.marked_processes(str(state)):
             p.kill()
+
+
+def test_a_stop_during_a_backoff_ends_it_at_once(run):
+    g = run({**SERVING, "engine_death_after": 0.5, "death_count": 1}, vllm_args=FLAGS,
+            env={"VLLM_GUARD_BACKOFF_INITIAL": "120", "VLLM_GUARD_BACKOFF_JITTER": "0"})
+    s = g.wait_for(lambda s: s["state"] == "backoff", 60, "the backoff after vLLM died")
+    assert s["crash_loop"]["backoff_until"] is not None
+    t0 = time.monotonic()
+    g.proc.send_signal(signal.SIGTERM)
+    assert g.wait_exit(30) == 0 and time.monotonic() - t0 < 5.0
+    assert [r["n"] for r in g.history() if r.get("n")] == [1]          # no launch after the stop
+
+
+def test_a_stop_while_reading_the_models_config_ends_it_at_once(run, tmp_path):
+    """The model's config.json comes from a Hub that accepts the connection and never answers (the
+    guard gives it 3 s): a stop meanwhile ends the guard at once, with no launch."""
+    hub = socket.socket()
+    hub.bind(("127.0.0.1", 0))
+    hub.listen(16)                                           # connections queue; nothing ever answers
+    try:
+        g = run(SERVING, model="org/some-model", vllm_args=FLAGS,
+                env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}",
+                     "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub")})
+        g.wait_for(lambda s: s["state"] == "planning", 30, "the guard gathering its facts")
+        t0 = time.monotonic()
+        g.proc.send_signal(signal.SIGTERM)
+        assert g.wait_exit(30) == 0
+        assert time.monotonic() - t0 < 1.5, "the stop waited for the model's config"
+        assert not (g.state_dir / "vllm.log").exists() and marked(g.state_dir) == []
+    finally:
+        hub.close()

@@ -613,13 +613,13 @@ def _removed_in_evidence(d: Diagnosis, current: Flags, ctx: Context) -> dict[str
     text = d.evidence
     if "unrecognized arguments:" not in text or "drop_removed_flags" in ctx.tried:
         return {}
-    version = vllm.parse_version(_version(d, ctx))
     out: dict[str, str] = {}
     for token in text.split("unrecognized arguments:", 1)[1].split():
         name = canonical(token.split("=", 1)[0])
         if name in vllm.REMOVED_FLAGS and current.has(name):
-            since = vllm.REMOVED_FLAGS[name][0]
-            out[name] = vllm.removed_flag(name, version or since) or ""
+            # vLLM itself calls it unrecognized: gone from this vLLM whatever its version says, and the
+            # reason is the release that removed it (an older version's would be empty)
+            out[name] = vllm.removed_flag(name, vllm.REMOVED_FLAGS[name][0]) or ""
     return out
 
 

@@ -624,6 +624,73 @@ MORE = [
         "--max-modle-len 4096", gives_up=EX_CONFIG),
 ]
 
+MORE += [
+    # -- a relaunch that frees memory also gets the length the plan says fits then (_foresee) ----------
+    Row("CUDA-graph OOM with the model known before 0.14: eager mode and the length that fits with it",
+        D(Kind.OOM_CUDAGRAPH), knows={"sizing": sized("0.10.2"), "vllm_version": "0.10.2", **L4_FACTS},
+        then="--enforce-eager --max-model-len 27424", step="enforce_eager"),
+    Row("CUDA-graph OOM with the model known on V0: eager, the length, and chunked prefill it counts on",
+        D(Kind.OOM_CUDAGRAPH), knows={"sizing": sized("0.6.6"), "vllm_version": "0.6.6", **L4_FACTS},
+        then="--enforce-eager --max-model-len 27424 --enable-chunked-prefill", step="enforce_eager"),
+    Row("CUDA-graph OOM with the model known, a length the plan says fits: eager mode alone",
+        D(Kind.OOM_CUDAGRAPH), "--max-model-len 4096", knows={"sizing": sized("0.10.2"), "vllm_version": "0.10.2",
+                                                              **L4_FACTS},
+        then="--max-model-len 4096 --enforce-eager", step="enforce_eager"),
+    Row("CUDA-graph OOM with eager mode on and every profiling remedy tried: give up",
+        D(Kind.OOM_CUDAGRAPH), "--enforce-eager --max-num-seqs 1 --max-num-batched-tokens 512",
+        knows={"tried": ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens",
+                         "oom_profile:lower_utilization")}, gives_up=EX_TEMPFAIL),
+    # -- vLLM's batch defaults, by GPU and version (EngineArgs._set_default_args) --------------------
+    Row("OOM while serving on an A100 80GB: 256 sequences (vLLM gives the A100 the small defaults)",
+        D(Kind.OOM_RUNTIME),
+        knows={"gpu_total_gib": 79.15, "vllm_version": "0.32.0",
+               "sizing": sized("0.32.0", device_name="NVIDIA A100-SXM4-80GB")},
+        then="--max-num-seqs 128", step="oom_runtime", backoff=True),
+    Row("OOM while serving on the CPU build: 128 sequences a rank, halved", D(Kind.OOM_RUNTIME),
+        knows={"vllm_version": "0.32.0", "sizing": sized("0.32.0", TINY_CPU, platform="cpu")},
+        then="--max-num-seqs 64", step="oom_runtime", backoff=True),
+    Row("no KV memory on V0 with a long context: chunked prefill's 2048-token chunks are the batch",
+        D(NO_KV), "--max-model-len 65536 --enforce-eager",
+        knows={"vllm_version": "0.6.6", "tried": ("no_kv:gpu_memory_utilization",)},
+        then="--max-model-len 65536 --enforce-eager --max-num-batched-tokens 1024",
+        step="no_kv:max_num_batched_tokens"),
+    # -- configuration errors that say what to change --------------------------------------------------
+    Row("too few GPUs: vLLM's numbers name what was asked and found",
+        Diagnosis(CONFIG, evidence="ValueError: World size (4) is larger than the number of available GPUs (2)",
+                  numbers={"required_gpus": 4, "available_gpus": 2},
+                  detail="vLLM needs 4 GPUs, only 2 are available: lower --tensor-parallel-size"),
+        gives_up=EX_CONFIG),
+    Row("the classifier's own words for a refusal it explains",
+        Diagnosis(CONFIG, evidence="ValueError: bad value", detail="ValueError: bad value: set --dtype half"),
+        gives_up=EX_CONFIG),
+    Row("a long refusal is cut at 300 characters", D(CONFIG, "ValueError: " + "y" * 400), gives_up=EX_CONFIG),
+    Row("fp8 KV refused (kv_cache_dtype) after the guard set it, with no KV failure on record",
+        D(CONFIG, "ValueError: kv_cache_dtype fp8 is not supported"), "--kv-cache-dtype fp8", asked="",
+        knows={"tried": ("kv_cache_fp8",)}, gives_up=EX_TEMPFAIL),
+    Row("fp8 KV refused (kv cache dtype), the KV failure's evidence cut at 200 characters",
+        D(CONFIG, "NotImplementedError: kv cache dtype fp8 unsupported here"), "--kv-cache-dtype fp8", asked="",
+        knows={"tried": ("kv_cache_fp8",), "previous": (D(KV, "ValueError: " + "z" * 300),)}, gives_up=EX_TEMPFAIL),
+    Row("fp8 KV refused (--kv-cache-dtype) that the user asked: theirs to change",
+        D(CONFIG, "error: argument --kv-cache-dtype: invalid choice: 'fp8'"), "--kv-cache-dtype fp8",
+        gives_up=EX_CONFIG),
+    Row("chunked prefill refused twice: the undo was tried, give up",
+        D(CONFIG, "ValueError: Sliding window is not supported with chunked prefill"),
+        "--max-model-len 30864 --enable-chunked-prefill", asked="",
+        knows={"vllm_version": "0.6.6", "tried": ("undo_chunked_prefill",)}, gives_up=EX_CONFIG),
+    Row("a removed flag given as --flag=value is dropped",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space=4", vllm_version="0.20.0"),
+        "--swap-space=4 --max-model-len 8192", then="--max-model-len 8192", step="drop_removed_flags"),
+    Row("a flag vLLM calls unrecognized before the release the table says removed it: dropped, with why",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space 4", vllm_version="0.17.0"),
+        "--swap-space 4 --max-model-len 8192", then="--max-model-len 8192", step="drop_removed_flags"),
+    Row("a length above the model's maximum that is the maximum: no remedy changes anything",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=32768, derived_max_model_len=32768), "--max-model-len 32768",
+        gives_up=EX_TEMPFAIL),
+    Row("a removed flag, the version known from the start-up and not the log",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space 4"), "--swap-space 4 --max-model-len 8192",
+        knows={"vllm_version": "0.20.0"}, then="--max-model-len 8192", step="drop_removed_flags"),
+]
+
 
 #: The rows above in full (how WHOLE writes them).
 MORE_WHOLE: dict[str, tuple[Any, ...]] = {
@@ -815,6 +882,94 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
     "an unrecognized flag vLLM never removed is the user's to fix": (
         'vLLM refused its configuration: vllm: error: unrecognized arguments: --max-modle-len 4096',
         'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'CUDA-graph OOM with the model known before 0.14: eager mode and the length that fits with it': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+            ('--max-model-len', None, '27424',
+             "with the relaunch's other flags, 131072 tokens do not fit in the KV cache at utilization 0.90; about "
+             "28784 by the plan's estimate, 27424 with its error band held back (block-aligned)"),
+        )),
+    'CUDA-graph OOM with the model known on V0: eager, the length, and chunked prefill it counts on': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+            ('--max-model-len', None, '27424',
+             "with the relaunch's other flags, 131072 tokens do not fit in the KV cache at utilization 0.90; about "
+             "28784 by the plan's estimate, 27424 with its error band held back (block-aligned)"),
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; in chunks the profile takes less '
+             'memory, and the KV cache more'),
+        )),
+    'CUDA-graph OOM with the model known, a length the plan says fits: eager mode alone': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+        )),
+    'CUDA-graph OOM with eager mode on and every profiling remedy tried: give up': (
+        'CUDA ran out of memory while profiling, and every allowed remedy has been tried',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'OOM while serving on an A100 80GB: 256 sequences (vLLM gives the A100 the small defaults)': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM while serving on the CPU build: 128 sequences a rank, halved': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '64',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    "no KV memory on V0 with a long context: chunked prefill's 2048-token chunks are the batch": (
+        'a smaller batch lowers the activation peak that left no room for KV', (
+            ('--max-num-batched-tokens', None, '1024',
+             'a smaller batch lowers the activation peak that left no room for KV'),
+        )),
+    "too few GPUs: vLLM's numbers name what was asked and found": (
+        'vLLM needs 4 GPUs, only 2 are available: lower --tensor-parallel-size',
+        ''),
+    "the classifier's own words for a refusal it explains": (
+        'ValueError: bad value: set --dtype half',
+        ''),
+    'a long refusal is cut at 300 characters': (
+        'vLLM refused its configuration: ValueError: '
+        'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy',
+        "fix the model name, the arguments or the environment named in vLLM's line, then start again"),
+    'fp8 KV refused (kv_cache_dtype) after the guard set it, with no KV failure on record': (
+        'this GPU refuses fp8 KV cache, and without it the KV cache is below the floor',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    "fp8 KV refused (kv cache dtype), the KV failure's evidence cut at 200 characters": (
+        'this GPU refuses fp8 KV cache, and without it the KV cache is below the floor (ValueError: '
+        'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz)',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'fp8 KV refused (--kv-cache-dtype) that the user asked: theirs to change': (
+        "vLLM refused its configuration: error: argument --kv-cache-dtype: invalid choice: 'fp8'",
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'chunked prefill refused twice: the undo was tried, give up': (
+        'vLLM refused its configuration: ValueError: Sliding window is not supported with chunked prefill',
+        'this GPU or this vLLM does not support what was asked: choose a --dtype, --quantization or '
+        '--kv-cache-dtype it supports, or another vLLM version'),
+    'a removed flag given as --flag=value is dropped': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    'a flag vLLM calls unrecognized before the release the table says removed it: dropped, with why': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    "a length above the model's maximum that is the maximum: no remedy changes anything": (
+        'max_len_exceeds_model: no remedy changes anything',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'a removed flag, the version known from the start-up and not the log': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
 }
 
 
@@ -841,3 +996,14 @@ def test_one_more_decision(row: Row) -> None:
         assert (out.reason, out.advice) == MORE_WHOLE[row.name]
     else:
         assert (out.why, tuple((c.flag, c.old, c.new, c.why) for c in out.changes)) == MORE_WHOLE[row.name]
+
+
+def test_the_plan_ahead_takes_only_a_remedy_that_relaunches_at_once():
+    """The first launch takes the remedy for a failure the plan foresees only when the policy would
+    relaunch at once with other flags: not a kind it does not know, not giving up, not a backoff."""
+    ctx = R.Context(requested=Flags())
+    assert R.plan_ahead("no_such_kind", Flags(), ctx) is None
+    assert R.plan_ahead("engine_dead", Flags(), ctx) is None                  # the same flags after a backoff
+    assert R.plan_ahead("oom_weights", Flags(), ctx) is None                  # giving up
+    eager = R.plan_ahead("oom_cudagraph", Flags(), ctx)
+    assert eager is not None and eager.flags.argv() == ["--enforce-eager"] and not eager.backoff

@@ -51,7 +51,8 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:0}
 dt{color:var(--muted)}dd{margin:0;overflow-wrap:anywhere}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid var(--line);vertical-align:top;overflow-wrap:anywhere}
-th{color:var(--muted);font-weight:600}
+th{color:var(--muted);font-weight:600;white-space:nowrap}
+.nw{white-space:nowrap;overflow-wrap:normal}
 .mono,pre,code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace}
 pre{margin:0;max-height:420px;overflow:auto;background:#11151c;color:#d7dce5;padding:10px;border-radius:6px;
 font-size:12px;line-height:1.35;white-space:pre-wrap;overflow-wrap:anywhere}
@@ -202,9 +203,9 @@ def _flags(snap: Mapping[str, Any]) -> str:
     for flag, note in changed.items():
         note = note if isinstance(note, Mapping) else {"value": note}
         was, now = note.get("requested"), note.get("value")
-        rows.append(f'<tr><td class="mono">{_e(flag)}</td><td class="mono">{_e("(unset)" if was is None else was or "(on)")}'
+        rows.append(f'<tr><td class="mono nw">{_e(flag)}</td><td class="mono">{_e("(unset)" if was is None else was or "(on)")}'
                     f'</td><td class="mono">{_e("(removed)" if now is None else now or "(on)")}</td>'
-                    f'<td>{_e(note.get("why"))}</td><td>{_e(note.get("source"))}</td></tr>')
+                    f'<td>{_e(note.get("why"))}</td><td class="nw">{_e(note.get("source"))}</td></tr>')
     return ('<section id="flags"><h2>Changed flags</h2><table><thead><tr><th>flag</th><th>asked</th><th>now</th>'
             f'<th>why</th><th>by</th></tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
 
@@ -223,8 +224,8 @@ def _launches(snap: Mapping[str, Any]) -> str:
         changed = r.get("changed_flags") if isinstance(r.get("changed_flags"), Mapping) else {}
         flags = ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}" for k, v in changed.items())
         diagnosis = f"{r.get('kind')}: {r.get('evidence') or ''}" if r.get("kind") else ""
-        rows.append(f'<tr><td>{_e(r.get("n"))}</td><td>{_e(when)}</td><td class="{css}">{_e(outcome)}</td>'
-                    f'<td>{_e(healthy)}</td><td class="mono">{_e(diagnosis)}</td>'
+        rows.append(f'<tr><td>{_e(r.get("n"))}</td><td class="nw">{_e(when)}</td><td class="nw {css}">{_e(outcome)}</td>'
+                    f'<td class="nw">{_e(healthy)}</td><td class="mono">{_e(diagnosis)}</td>'
                     f'<td class="mono">{_e(flags)}</td></tr>')
     return ('<section id="launches" class="wide"><h2>Launches (newest first)</h2><table><thead><tr><th>#</th>'
             '<th>started</th><th>outcome</th><th>healthy in</th><th>diagnosis</th><th>changed flags</th></tr></thead>'
@@ -264,7 +265,8 @@ def _memory(snap: Mapping[str, Any]) -> str:
 
 
 def _output(snap: Mapping[str, Any]) -> str:
-    lines = [str(x) for x in snap.get("recent_output") or []]
+    # a progress bar redrawn with \r shows, as on a terminal, its last state
+    lines = [next((p for p in reversed(str(x).split("\r")) if p), "") for x in snap.get("recent_output") or []]
     body = "\n".join(_e(line) for line in lines) or "(nothing yet)"
     return (f'<section id="vllm-output" class="wide"><h2>vLLM\'s output (last {len(lines)} lines)</h2>'
             f'<pre id="output">{body}</pre></section>')

@@ -109,10 +109,12 @@ def test_the_heal_is_on_the_screen_and_the_live_line_below_it(tty_run, columns):
     new = s["changed_flags"]["--max-model-len"]["value"]
     why = s["changed_flags"]["--max-model-len"]["why"]
     # the product's main moment, whole on the screen: the diagnosis, the relaunch and why, the healthy line
-    assert g.shows(f"launch 1 failed: kv_cache_insufficient: {first['evidence'][:300]}"), g.output()
-    assert g.shows(f"relaunch 2: --max-model-len (unset) -> {new} because {why}"), g.output()
-    assert g.shows(f"changed flags: --max-model-len {new}"), g.output()
-    assert g.shows("Application startup complete.")                  # vLLM's own lines, passed through
+    # (read until each is whole: a pty hands the bytes over in pieces of its own)
+    for line in (f"launch 1 failed: kv_cache_insufficient: {first['evidence'][:300]}",
+                 f"relaunch 2: --max-model-len (unset) -> {new} because {why}",
+                 f"changed flags: --max-model-len {new}",
+                 "Application startup complete."):                     # vLLM's own lines, passed through
+        g.pump(lambda: g.shows(line), 10, f"{line!r} whole on the screen")
     # the live line: one row, at the bottom, following the state
     g.pump(lambda: g.rows()[-1].startswith("vllm-guard: launch 2 · healthy"), 10, "the live line saying healthy")
     assert sum(r.startswith("vllm-guard: launch") for r in g.rows()) == 1

@@ -121,12 +121,15 @@ def until(pred: Callable[[], Any], timeout: float, what: str, guard: GpuGuard) -
 
 
 def text(driver, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """An element's visible text, read in one step in the page (its script swaps the elements every 2 s,
+    so a handle found first may be stale by the time it is read)."""
+    return driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
 
 
 def rows(driver) -> list[str]:
-    return [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#launches tbody tr")]
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#launches tbody tr')).map(function (r) {"
+        "  return Array.from(r.cells).map(function (c) { return c.innerText.replace(/\\s+/g, ' '); }).join(' '); });")
 
 
 def keep(driver, tmp_path: Path, name: str, capsys) -> Path:
@@ -172,12 +175,11 @@ def test_the_page_follows_a_heal_and_its_buttons_ask_for_the_token(browser, guar
     plan, printed = text(browser, "#memory-plan"), text(browser, "#memory-vllm")
     assert "23.55 GiB" in plan and "weights" in plan and "KV cache" in plan and "non-torch" in plan
     assert "weights 14.96 GiB" in printed and "KV cache" in printed
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#memory-plan svg rect")) >= 4
+    assert browser.execute_script("return document.querySelectorAll('#memory-plan svg rect').length") >= 4
 
     # vLLM's lines, hostile ones included, are text: no element, no script ran
-    output = browser.find_element(By.ID, "output")
-    assert HOSTILE in output.text
-    assert browser.find_elements(By.CSS_SELECTOR, "#output *") == []
+    assert HOSTILE in text(browser, "#output")
+    assert browser.execute_script("return document.querySelectorAll('#output *').length") == 0
     assert browser.execute_script("return window.pwned === undefined")
     # self-contained: nothing was fetched from anywhere but this endpoint
     origins = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")

@@ -332,7 +332,10 @@ def _host_allowed(host: str, bound: str, port: int) -> bool:
     if given is not None and given != str(port):
         return False
     bound = bound.lower().strip("[]")
-    return name in {"localhost", f"[{bound}]" if ":" in bound else bound}
+    names = {"localhost", f"[{bound}]" if ":" in bound else bound}
+    if bound == "localhost":         # bound by name: the addresses that name binds
+        names |= {"127.0.0.1", "[::1]"}
+    return name in names
 
 
 def _json(obj: Any) -> bytes:

@@ -499,6 +499,11 @@ def test_ipv6_loopback_answers_its_bracketed_address(guard):
         pytest.skip(f"no IPv6 loopback here: {e}")
 
 
+def test_a_bind_by_the_name_localhost_answers_its_addresses():
+    assert _host_allowed("127.0.0.1:8077", "localhost", 8077) and _host_allowed("[::1]:8077", "localhost", 8077)
+    assert not _host_allowed("evil.example:8077", "localhost", 8077)
+
+
 def test_a_reachable_bind_takes_any_host(guard):
     srv = StatusServer("0.0.0.0", 0, TOKEN, lambda: guard.snap, guard.command, Metrics(), lambda: True)
     with serving(srv):

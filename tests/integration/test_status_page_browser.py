@@ -123,7 +123,8 @@ def until(pred: Callable[[], Any], timeout: float, what: str, guard: GpuGuard) -
 def text(driver, css: str) -> str:
     """An element's visible text, read in one step in the page (its script swaps the elements every 2 s,
     so a handle found first may be stale by the time it is read)."""
-    return driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
+    return driver.execute_script("var e = document.querySelector(arguments[0]);"
+                                 "return e ? e.innerText.replace(/[ \\t]+/g, ' ') : '';", css)
 
 
 def rows(driver) -> list[str]:

@@ -203,8 +203,8 @@ def _flags(snap: Mapping[str, Any]) -> str:
     for flag, note in changed.items():
         note = note if isinstance(note, Mapping) else {"value": note}
         was, now = note.get("requested"), note.get("value")
-        rows.append(f'<tr><td class="mono nw">{_e(flag)}</td><td class="mono">{_e("(unset)" if was is None else was or "(on)")}'
-                    f'</td><td class="mono">{_e("(removed)" if now is None else now or "(on)")}</td>'
+        rows.append(f'<tr><td class="mono nw">{_e(flag)}</td><td class="mono nw">{_e("(unset)" if was is None else was or "(on)")}'
+                    f'</td><td class="mono nw">{_e("(removed)" if now is None else now or "(on)")}</td>'
                     f'<td>{_e(note.get("why"))}</td><td class="nw">{_e(note.get("source"))}</td></tr>')
     return ('<section id="flags"><h2>Changed flags</h2><table><thead><tr><th>flag</th><th>asked</th><th>now</th>'
             f'<th>why</th><th>by</th></tr></thead><tbody>{"".join(rows)}</tbody></table></section>')

@@ -132,3 +132,7 @@ def test_the_heal_is_on_the_screen_and_the_live_line_below_it(tty_run, columns):
     last = max(i for i, r in enumerate(rows) if "vllm-guard exits with code 0" in r)
     assert g.shows("vllm-guard exits with code 0: stopped on request")
     assert not any("vllm-guard: launch" in r for r in rows[last:]), rows[last - 2:]   # the live line is gone
+    artifacts = os.environ.get("VLLM_GUARD_ARTIFACTS")       # the screen as a person saw it, to look at
+    if artifacts:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        (Path(artifacts) / f"terminal-{columns}-columns.txt").write_text("\n".join(rows) + "\n")

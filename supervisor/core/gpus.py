@@ -160,14 +160,13 @@ def gpu_spec(device_name: str) -> GpuSpec | None:
 
 
 def cuda_total_bytes(device_name: str, nvml_total_bytes: int | None = None) -> int | None:
-    """CUDA's total for a GPU: the table's figure where the name is known (and NVML's total, if given,
-    is the model's), else NVML's total less the driver's typical reserve (0.6%, as on the H100/L40S)."""
+    """CUDA's total for a GPU: the table's figure where the name is known and NVML's total, if given, is
+    that model's (within 2%); otherwise NVML's total as it is (a card the table does not know, or a
+    partition such as a MIG slice); None when neither is known."""
     spec = gpu_spec(device_name)
     if spec is not None and (not nvml_total_bytes or abs(nvml_total_bytes / (spec.nvml_mib << 20) - 1) < 0.02):
         return int(spec.cuda_gib * (1 << 30))
-    if nvml_total_bytes:
-        return int(nvml_total_bytes * 0.9941)
-    return None
+    return int(nvml_total_bytes) if nvml_total_bytes else None
 
 
 def interconnect(device_name: str) -> str:

@@ -81,6 +81,8 @@ def _derive(cfg: dict[str, Any], model_type: str) -> None:
     if cfg.get("head_dim") is None and isinstance(heads, int) and heads and isinstance(cfg.get("hidden_size"), int) \
             and model_type in DEFAULTS and "head_dim" in DEFAULTS[model_type]:
         cfg["head_dim"] = cfg["hidden_size"] // heads
+    if model_type in ("deepseek_v2", "deepseek_v3") and isinstance(cfg.get("qk_rope_head_dim"), int):
+        cfg["head_dim"] = cfg["qk_rope_head_dim"]      # DeepseekV2/V3Config: head_dim is the rope part
     layers = cfg.get("num_hidden_layers")
     if model_type in _USE_SLIDING_WINDOW and not cfg.get("use_sliding_window"):
         cfg["sliding_window"] = 0 if model_type == "qwen2_moe" else None

@@ -184,10 +184,15 @@ def evaluate(records: list[dict[str, str]] | None = None, *, validate: bool = Tr
         g = lambda k: None if _f(rec.get(k)) is None else _f(rec[k]) * GiB  # noqa: E731
         kvk = kv_kwargs(rec, info)
         real = {"weights": g("obs_weights_gib"), "activation": g("obs_activation_gib"),
-                "non_torch": g("obs_non_torch_gib"), "kv": g("obs_kv_gib"), "tokens": _i(rec.get("obs_kv_tokens"))}
+                "non_torch": g("obs_non_torch_gib"), "kv": g("obs_kv_gib"), "tokens": _i(rec.get("obs_kv_tokens")),
+                "cudagraph": g("obs_cudagraph_gib") if _graph_inputs(rec) else None}
         now = {"weights": split.weights_bytes, "activation": split.activation_bytes,
                "non_torch": split.non_torch_bytes, "kv": split.kv_bytes if rec["id"] in NON_DRIVER_SPLIT else b.kv_bytes,
-               "tokens": M.kv_cache_tokens(max(0, b.kv_bytes), info, **kvk)}
+               "tokens": M.kv_cache_tokens(max(0, b.kv_bytes), info, **kvk),
+               "cudagraph": M.cudagraph_estimate_bytes(info, vllm_version=kw["vllm_version"],
+                                                       tokens=b.max_num_batched_tokens, seqs=b.max_num_seqs,
+                                                       tp=kw["tp"], pp=kw["pp"],
+                                                       compute_capability=kw["compute_capability"])}
         old = previous_budget(info, rec)
         row = Row(rec, b.family, classes_of(rec, info), real, now,
                   {**old, "tokens": M.kv_cache_tokens(max(0, int(old["kv"])), info, **kvk)},
@@ -262,9 +267,46 @@ def fit(records: Iterable[dict[str, str]], prior: M.Calibration = M.CALIBRATION)
         fusion = round(statistics.median(y - per_rank * p for p, y in pts), 3)
     else:
         fusion, per_rank = parallel, prior.nt_parallel_per_rank
+    graph_fixed, graph_per, graph_moe = _fit_graphs(recs, prior)
     return dataclasses.replace(prior, act_fixed=med(act, prior.act_fixed), nt_single=single,
                                nt_single_017=single_017, nt_multi_017=multi, nt_parallel=parallel,
-                               nt_parallel_pcie=pcie, nt_fusion=fusion, nt_fusion_per_rank=per_rank)
+                               nt_parallel_pcie=pcie, nt_fusion=fusion, nt_fusion_per_rank=per_rank,
+                               graph_fixed=graph_fixed, graph_per_graph_layer_mib=graph_per,
+                               graph_moe_per_graph_layer_mib=graph_moe)
+
+
+def _graph_inputs(rec: dict[str, str]) -> tuple[float, float, float] | None:
+    """(graphs x layers on the rank, graphs x routed layers, measured GiB) of a record whose printed
+    CUDA-graph memory is a measurement of the capture (vLLM 0.19+'s "Actual usage"; older releases print
+    a free-memory difference taken after clean-ups, often negative), None otherwise."""
+    y = _f(rec.get("obs_cudagraph_gib"))
+    kw = budget_kwargs(rec)
+    if y is None or vllm.rules(kw["vllm_version"]) < (0, 19, 0) or kw["enforce_eager"]:
+        return None
+    info = model_of(rec)
+    b = M.kv_budget(info, **kw)
+    one = M.Calibration(graph_fixed=0.0, graph_per_graph_layer_mib=1.0, graph_moe_per_graph_layer_mib=0.0)
+    moe = M.Calibration(graph_fixed=0.0, graph_per_graph_layer_mib=0.0, graph_moe_per_graph_layer_mib=1.0)
+    args = dict(vllm_version=kw["vllm_version"], tokens=b.max_num_batched_tokens, seqs=b.max_num_seqs, tp=kw["tp"],
+                pp=kw["pp"], compute_capability=kw["compute_capability"])
+    x = M.cudagraph_estimate_bytes(info, cal=one, **args) / M.MiB
+    xm = M.cudagraph_estimate_bytes(info, cal=moe, **args) / M.MiB
+    return x, xm, y
+
+
+def _fit_graphs(recs: list[dict[str, str]], prior: M.Calibration) -> tuple[float, float, float]:
+    """The graph term: a least-squares line over the dense models, the MoE models' median excess per
+    routed graph-layer."""
+    pts = [p for p in (_graph_inputs(r) for r in recs) if p is not None]
+    dense = [(x, y) for x, xm, y in pts if not xm]
+    if len(dense) < 3:
+        return prior.graph_fixed, prior.graph_per_graph_layer_mib, prior.graph_moe_per_graph_layer_mib
+    mx, my = statistics.fmean(x for x, _ in dense), statistics.fmean(y for _, y in dense)
+    slope = sum((x - mx) * (y - my) for x, y in dense) / sum((x - mx) ** 2 for x, _ in dense)
+    fixed = my - slope * mx
+    moe = [(y - fixed - slope * x / 1024) * 1024 / xm for x, xm, y in pts if xm]
+    return (round(fixed, 2), round(slope * 1024, 3),
+            round(statistics.median(moe), 2) if moe else prior.graph_moe_per_graph_layer_mib)
 
 
 def _validate(rows: list[Row]) -> None:
@@ -510,9 +552,9 @@ def section(rows: list[Row] | None = None) -> str:
     out += ["", "### Per term (GiB, predicted - real, over the records that print it)", ""]
     out.append("| term | set | n | median abs | max abs | median bias |")
     out.append("|---|---|---|---|---|---|")
-    for k in ("weights", "activation", "non_torch", "kv"):
+    for k in ("weights", "activation", "non_torch", "cudagraph", "kv"):
         for name, items in sets.items():
-            pairs = [r for r in items if r.real[k] is not None
+            pairs = [r for r in items if r.real.get(k) is not None and r.now.get(k) is not None
                      and not (k in ("activation", "kv") and r.id in INCONSISTENT and r.set == "calibration")
                      and not (k == "non_torch" and r.id in DEV_BUILD and r.set == "calibration")]
             if not pairs:

@@ -297,6 +297,12 @@ class Calibration:
     #: buffers: at TP 2, and per rank beyond 2 (a least-squares line over the TP 2 and TP 4 start-ups).
     nt_fusion: float = 2.01
     nt_fusion_per_rank: float = 0.045
+    #: CUDA graphs (fitted on the 0.19 sweep's measured capture memory): a fixed part (GiB), MiB per
+    #: captured graph and decoder layer on the rank (least squares over the dense models), and more per
+    #: routed MoE layer (the median excess of the MoE models).
+    graph_fixed: float = 0.36
+    graph_per_graph_layer_mib: float = 0.161
+    graph_moe_per_graph_layer_mib: float = 0.33
 
 
 #: The constants in use (fitted on both calibration sets).
@@ -317,13 +323,11 @@ NCCL_INIT_BYTES = int(0.15 * GiB)
 #: with the base; datacenter GPUs load a larger context, a prior).
 CUDA_CONTEXT_CONSUMER_BYTES = int(0.25 * GiB)
 CUDA_CONTEXT_DATACENTER_BYTES = int(0.45 * GiB)
-#: CUDA-graph memory per captured graph and decoder layer, and a fixed part (priors: public 0.2x logs
-#: show 0.17-0.36 GiB per TP rank, about 1.1 GiB for an 80-layer model; no calibration start-up has it).
-GRAPH_PER_GRAPH_LAYER_BYTES = int(0.08 * MiB)
-GRAPH_FIXED_BYTES = 64 * MiB
 #: Before vLLM 0.20 graphs are captured outside the budget; the room left for them is the estimate's
 #: upper end (x2), and at least this.
 GRAPH_OUTSIDE_FLOOR_BYTES = int(0.5 * GiB)
+#: ... the estimate times this (the spread of the sweep's measured captures around it).
+GRAPH_RESERVE_FACTOR = 1.3
 #: SMs assumed for the Triton sampler's per-SM buffer when the GPU is not known (an H100's).
 DEFAULT_SMS = 132
 
@@ -546,24 +550,29 @@ def cuda_context_bytes(device_name: str = "") -> int:
 
 
 def cudagraph_estimate_bytes(info: ModelInfo, *, vllm_version: str | None, tokens: int, seqs: int, tp: int = 1,
-                             pp: int = 1, compute_capability: tuple[int, int] | None = None) -> int:
-    """CUDA-graph memory of one rank: a fixed part, the largest graph's pool (one layer's activations at
-    the largest capture size) and every graph x decoder layer (a prior; ``docs/memory-model.md`` section 5)."""
+                             pp: int = 1, compute_capability: tuple[int, int] | None = None,
+                             cal: Calibration = CALIBRATION) -> int:
+    """CUDA-graph memory of one rank: a fixed part and every captured graph x decoder layer on the rank,
+    more for a MoE's routed layers (``docs/memory-model.md`` section 5), fitted on what the 0.19 sweep's
+    captures took ("Actual usage ... GiB for CUDAGraph memory": the same capture sizes and modes as
+    0.20+, whose own estimate vLLM subtracts inside the budget)."""
     sizes = vllm.capture_sizes(vllm_version, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                                compute_capability=compute_capability)
     graphs = len(sizes) + (len([x for x in sizes if x <= seqs]) if vllm.full_graphs_too(vllm_version) else 0)
     layers = max(stage_layers(info.shape.layers or info.num_layers, pp))
-    pool = forward_peak_bytes(info, max(sizes), tp=tp) if sizes else 0
-    return int(GRAPH_FIXED_BYTES + pool + graphs * layers * GRAPH_PER_GRAPH_LAYER_BYTES)
+    routed = layers * info.shape.moe_layers / max(1, info.shape.layers) if info.shape.experts else 0
+    per = cal.graph_per_graph_layer_mib * layers + cal.graph_moe_per_graph_layer_mib * routed
+    return int(cal.graph_fixed * GiB + graphs * per * MiB) if graphs else 0
 
 
 def cudagraph_reserve_bytes(info: ModelInfo, *, vllm_version: str | None, tokens: int, seqs: int, tp: int = 1,
                             pp: int = 1, compute_capability: tuple[int, int] | None = None) -> int:
     """Room to leave outside the budget for CUDA graphs where vLLM < 0.20 captures them after sizing the
-    KV cache: the estimate's upper end (x2, the prior's uncertainty), at least 0.5 GiB."""
+    KV cache: the estimate and its spread over the sweep's measured captures (+30%: a dense model's
+    largest miss, 0.24 of 0.9 GiB), at least 0.5 GiB."""
     est = cudagraph_estimate_bytes(info, vllm_version=vllm_version, tokens=tokens, seqs=seqs, tp=tp, pp=pp,
                                    compute_capability=compute_capability)
-    return max(2 * est, GRAPH_OUTSIDE_FLOOR_BYTES)
+    return max(int(est * GRAPH_RESERVE_FACTOR), GRAPH_OUTSIDE_FLOOR_BYTES)
 
 
 # -- the error bands ---------------------------------------------------------------------------
@@ -709,7 +718,7 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
         if fam == "v0-free":
             act = int(act * 1.05)          # counted as reserved memory: the allocator's rounding
         graphs = cudagraph_estimate_bytes(info, vllm_version=vllm_version, tokens=tokens, seqs=seqs, tp=tp,
-                                          pp=pp, compute_capability=cc) if not enforce_eager else 0
+                                          pp=pp, compute_capability=cc, cal=cal) if not enforce_eager else 0
         inside = 0 if vllm.graphs_outside_budget(vllm_version) else graphs
         outside = graphs if vllm.graphs_outside_budget(vllm_version) else 0
         if measured_overhead_bytes is not None:

@@ -305,8 +305,13 @@ def test_cudagraph_reserve_from_0_20_unless_eager():
     old = M.kv_budget(info, vllm_version="0.19.0", **kw)
     assert old.cudagraph_bytes == 0 and old.cudagraph_outside_bytes > 0       # captured after, outside
     new = M.kv_budget(info, vllm_version="0.20.0", **kw)
-    assert 0.2 * GiB < new.cudagraph_bytes < 0.6 * GiB
+    assert new.cudagraph_bytes > 0
     assert M.kv_budget(info, vllm_version="0.20.0", enforce_eager=True, **kw).cudagraph_bytes == 0
+    # on an H100 (8192 tokens, 1024 requests: the same 102 graphs as 0.19) the estimate is what the 0.19
+    # sweep's Llama-3.1-8B captures took: "Actual usage ... 0.91 GiB for CUDAGraph memory" (record 124)
+    h100 = M.kv_budget(info, gpu_total_bytes=int(79.19 * GiB), utilization=0.95, vllm_version="0.20.0",
+                       device_name="NVIDIA H100 80GB HBM3")
+    assert h100.cudagraph_bytes / GiB == pytest.approx(0.91, abs=0.06)
 
 
 def test_global_cap_versions_subtract_other_processes():

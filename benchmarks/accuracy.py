@@ -232,11 +232,21 @@ def _activation_residual(rec: dict[str, str]) -> float | None:
     return obs - split.activation_bytes / GiB
 
 
-def fit(records: Iterable[dict[str, str]], prior: M.Calibration = M.CALIBRATION) -> M.Calibration:
+#: What the model assumed before any start-up calibrated it (the previous release's figures): the prior
+#: a fit falls back on where no record informs a constant nor its neighbour -- never the fitted values,
+#: so that leave-one-out and cross-set see nothing of the records they predict.
+UNCALIBRATED = M.Calibration(act_fixed=0.05, nt_single=0.10, nt_single_017=0.10, nt_multi_017=0.10, nt_parallel=0.25,
+                             nt_parallel_per_rank=0.05, nt_parallel_pcie=0.25, nt_parallel_pcie_per_rank=0.02,
+                             nt_fusion=0.25, nt_fusion_per_rank=0.05, graph_fixed=0.0625,
+                             graph_per_graph_layer_mib=0.08, graph_moe_per_graph_layer_mib=0.0)
+
+
+def fit(records: Iterable[dict[str, str]], prior: M.Calibration = UNCALIBRATED) -> M.Calibration:
     """The constants of :class:`memory.Calibration` from the printed figures of ``records``: the median
     activation residual; per non-torch regime the median printed figure (less the base it adds to); the
-    fusion's TP 2 figure and per-rank growth by least squares. A constant no record informs takes its
-    neighbour's (the same term in an older regime), else ``prior``'s."""
+    fusion's TP 2 figure and per-rank growth by least squares; the graph term (:func:`_fit_graphs`). A
+    constant no record informs takes its neighbour's (the same term in another release or interconnect),
+    else ``prior``'s."""
     recs = list(records)
     act = [x for x in (_activation_residual(r) for r in recs) if x is not None]
     nt: dict[str, list[tuple[dict[str, str], float]]] = {k: [] for k in M.NON_TORCH_REGIMES}
@@ -245,30 +255,35 @@ def fit(records: Iterable[dict[str, str]], prior: M.Calibration = M.CALIBRATION)
         if reg is not None:
             nt[reg].append((r, float(r["obs_non_torch_gib"])))
 
-    def med(xs: list[float], fallback: float) -> float:
-        return round(statistics.median(xs), 3) if xs else fallback
+    def med(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 3) if xs else None
 
-    single = med([x for _, x in nt["single"]], prior.nt_single)
-    single_017 = med([x for _, x in nt["single_017"]], single)
-    multi = med([x for _, x in nt["pipeline_017"]], single_017)
-    parallel = med([x - single - prior.nt_parallel_per_rank * (int(r["tp"]) * int(r["pp"]) - 2)
-                    for r, x in nt["parallel"]], None)            # type: ignore[arg-type]
-    pcie = med([x - single - prior.nt_parallel_pcie_per_rank * (int(r["tp"]) * int(r["pp"]) - 2)
-                for r, x in nt["parallel_pcie"]], None)          # type: ignore[arg-type]
-    parallel = parallel if parallel is not None else (pcie if pcie is not None else prior.nt_parallel)
-    pcie = pcie if pcie is not None else parallel
+    def first(*xs: float | None) -> float:
+        return next(x for x in xs if x is not None)
+
+    single_old, single_new = med([x for _, x in nt["single"]]), med([x for _, x in nt["single_017"]])
+    single = first(single_old, single_new, prior.nt_single)
+    single_017 = first(single_new, single_old, prior.nt_single_017)
+    multi = first(med([x for _, x in nt["pipeline_017"]]), prior.nt_multi_017)
+
+    def world(r: dict[str, str]) -> int:
+        return int(r["tp"]) * int(r["pp"])
+
+    parallel = med([x - single - prior.nt_parallel_per_rank * (world(r) - 2) for r, x in nt["parallel"]])
+    pcie = med([x - single - prior.nt_parallel_pcie_per_rank * (world(r) - 2) for r, x in nt["parallel_pcie"]])
+    parallel, pcie = first(parallel, pcie, prior.nt_parallel), first(pcie, parallel, prior.nt_parallel_pcie)
     pts = [(int(r["tp"]) - 2, x - multi) for r, x in nt["fusion"]]
     if len({p for p, _ in pts}) >= 2:
         mx, my = statistics.fmean(p for p, _ in pts), statistics.fmean(y for _, y in pts)
         slope = sum((p - mx) * (y - my) for p, y in pts) / sum((p - mx) ** 2 for p, _ in pts)
         fusion, per_rank = round(my - slope * mx, 3), round(slope, 3)
     elif pts:
-        per_rank = prior.nt_parallel_per_rank
+        per_rank = prior.nt_fusion_per_rank
         fusion = round(statistics.median(y - per_rank * p for p, y in pts), 3)
     else:
-        fusion, per_rank = parallel, prior.nt_parallel_per_rank
+        fusion, per_rank = parallel, prior.nt_fusion_per_rank
     graph_fixed, graph_per, graph_moe = _fit_graphs(recs, prior)
-    return dataclasses.replace(prior, act_fixed=med(act, prior.act_fixed), nt_single=single,
+    return dataclasses.replace(prior, act_fixed=first(med(act), prior.act_fixed), nt_single=single,
                                nt_single_017=single_017, nt_multi_017=multi, nt_parallel=parallel,
                                nt_parallel_pcie=pcie, nt_fusion=fusion, nt_fusion_per_rank=per_rank,
                                graph_fixed=graph_fixed, graph_per_graph_layer_mib=graph_per,
@@ -523,12 +538,16 @@ def section(rows: list[Row] | None = None) -> str:
             out.append(f"| {cls} | {name} | {s.n} | {_abs_pct(s.median)} | {_abs_pct(s.p90)} | {_abs_pct(s.mean)} "
                        f"| {_pct(s.worst_over)} | {s.over} | {_abs_pct(lo.mean)} | {peer} |")
     out.append("")
-    out.append("### The fitted constants (GiB)")
+    out.append("### The fitted constants (GiB; the graph terms in MiB per captured graph and layer)")
     out.append("")
-    out.append("| constant | fitted on both sets | in the code |")
-    out.append("|---|---|---|")
+    out.append("| constant | fitted on both sets | in the code | fitted on the first set only | on the sweep only "
+               "| the prior (uncalibrated) |")
+    out.append("|---|---|---|---|---|---|")
+    only = {name: fit(r.rec for r in items) for name, items in sets.items()}
     for f in dataclasses.fields(M.Calibration):
-        out.append(f"| `{f.name}` | {getattr(cal, f.name)} | {getattr(M.CALIBRATION, f.name)} |")
+        out.append(f"| `{f.name}` | {getattr(cal, f.name)} | {getattr(M.CALIBRATION, f.name)} "
+                   f"| {getattr(only['calibration'], f.name)} | {getattr(only['llmd'], f.name)} "
+                   f"| {getattr(UNCALIBRATED, f.name)} |")
     for name, items in sets.items():
         out += ["", f"### Per record: {name} ({SETS[name][1]})", ""]
         out.append("| id | vLLM | model | GPU | TP/PP | classes | weights real / now | activation real / now "

@@ -638,7 +638,8 @@ def band_bytes(info: ModelInfo, family: str, *, overhead_bytes: int, weights_byt
     """The error band of a KV estimate (``docs/memory-model.md`` section 7)::
 
         max(rel x overhead, floor)          per family (BANDS), or MEASURED_BAND
-      + 0.2% of the weights (size read) | 1% (estimated, known quantization) | 3% (other)
+      + 0.2% of the weights (size read) | 1% (estimated, known quantization) | 3% (other, or a model
+        type whose configuration class the plan could not resolve)
       + 0.1 GiB under TP/PP
       + 0.5 GiB + 3% of the weights for a multimodal model without a vision_config
     """
@@ -648,7 +649,7 @@ def band_bytes(info: ModelInfo, family: str, *, overhead_bytes: int, weights_byt
         return int(band)
     if info.weights_exact:
         band += WEIGHTS_BAND["exact"] * weights_bytes
-    elif info.quantization in _KNOWN_METHODS:
+    elif info.quantization in _KNOWN_METHODS and info.config_known:
         band += WEIGHTS_BAND["known"] * weights_bytes
     else:
         band += WEIGHTS_BAND["other"] * weights_bytes

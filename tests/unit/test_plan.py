@@ -433,3 +433,36 @@ def test_bitsandbytes_skips_only_the_modules_it_names():
     assert every_mlp.weights_bytes == pytest.approx(expected(0, 24), rel=0.002)
     none = model_info_from_config(_bnb([]))
     assert none.weights_bytes == pytest.approx(expected(0, 0), rel=0.002)
+
+
+# -- the plan's length is one vLLM accepts and no more than it prints -----------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_LAYOUTS = ["gpt-oss-20b", "Llama-3.1-8B-Instruct", "DeepSeek-V2-Lite", "Qwen3-8B", "Mistral-7B-v0.3"]
+_CAL = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration-llmd" / "models"
+
+
+def _any_model(name: str) -> ModelInfo:
+    path = MODELS / name if (MODELS / name).exists() else _CAL / name
+    info = load_model_info(str(path))
+    assert info is not None
+    return info
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(_LAYOUTS + ["gemma-3-4b-it", "gemma-2-9b-it", "Llama-4-Scout-17B-16E-Instruct"]),
+       budget_mib=st.integers(min_value=1, max_value=80_000), tp=st.sampled_from([1, 2, 4]),
+       pp=st.sampled_from([1, 2]), batched=st.sampled_from([2048, 8192]),
+       version=st.sampled_from(["0.11.0", "0.19.0", "0.32.0"]), kv=st.sampled_from(["auto", "fp8"]))
+def test_the_planned_length_is_accepted_by_vllm_and_within_the_kv_cache_it_prints(name, budget_mib, tp, pp, batched,
+                                                                                 version, kv):
+    info = _any_model(name)
+    budget = budget_mib << 20
+    kw = dict(tp=tp, pp=pp, kv_cache_dtype=kv, vllm_version=version)
+    n = M.fit_max_model_len(budget, info, max_num_batched_tokens=batched, **kw)
+    printed = M.kv_cache_tokens(budget, info, **kw)
+    assert 0 <= n <= printed
+    if n:
+        need = M.kv_needed_bytes(info, n, max_num_batched_tokens=batched, tp=tp, pp=pp, kv_cache_dtype=kv)
+        assert need <= M.usable_kv_bytes(budget, info, **kw)          # vLLM's own check passes

@@ -28,7 +28,9 @@ OFFLOAD_BYTES_PER_S = 25e9
 #: The largest world size the verdict's options consider.
 MAX_WORLD = 16
 LEGEND = ("x@4k, x@8k, x@32k, x@fit: how many requests of that many tokens the KV cache holds at once "
-          "(vLLM's \"maximum concurrency\"); KV GiB: the estimate per GPU; safe GiB: less its error band")
+          "(vLLM's \"maximum concurrency\"); KV GiB: the estimate per GPU; safe GiB: less its error band; "
+          "fit len: at most what vLLM will print as its KV cache size (a sliding-window model's single "
+          "request may be longer: x@N >= 1)")
 
 
 # -- the plan --------------------------------------------------------------------------------

@@ -327,7 +327,6 @@ def _fit_graphs(recs: list[dict[str, str]], prior: M.Calibration) -> tuple[float
 def _validate(rows: list[Row]) -> None:
     """Leave-one-out and cross-set KV for every row (in place)."""
     recs = [r.rec for r in rows]
-    by_set = {name: [r for r in recs if r.get("set") == name] for name in SETS}
     cross_cal = {name: fit([r for r in recs if r.get("set") != name]) for name in SETS}
     for row in rows:
         others = [r for r in recs if r is not row.rec]
@@ -335,7 +334,6 @@ def _validate(rows: list[Row]) -> None:
         row.loo_kv = split.kv_bytes if row.id in NON_DRIVER_SPLIT else b.kv_bytes
         b, split, _ = predict(row.rec, cross_cal[row.set])
         row.cross_kv = split.kv_bytes if row.id in NON_DRIVER_SPLIT else b.kv_bytes
-    del by_set
 
 
 # -- statistics ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ the vLLM versions it holds for and where in vLLM's source it comes from):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from supervisor.core import vllm
 from supervisor.core.model import ModelInfo, QuantScheme, Shape, checkpoint_bytes, quant_scheme, weight_parts

@@ -182,15 +182,22 @@ def test_status_ps_history_logs_and_systemd_read_as_a_person_reads_them(served, 
     # -- logs -f follows a restart's new launch --
     follow = subprocess.Popen([sys.executable, "-m", "supervisor", "logs", "-f", "-n", "0"], env=person,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(follow.stdout.readline, "")), daemon=True)
+    reader.start()
     time.sleep(1.0)
     assert cli("restart", env={**person, "VLLM_GUARD_TOKEN": TOKEN}).stdout == "vllm-guard: restart requested\n"
     wait_for(lambda: (healthy() or {}).get("launches") == "3, 1 restart", 120, "the restarted launch to serve")
+
+    def launch_3_followed() -> bool:     # logs -f reads the file every half second: wait for it, do not race it
+        marks = [i for i, line in enumerate(lines) if line.startswith("=== vllm-guard: launch 3 at ")]
+        return bool(marks) and any("Application startup complete." in line for line in lines[marks[0]:])
+
+    wait_for(launch_3_followed, 20, "logs -f to print launch 3 up to its start-up line")
     follow.send_signal(signal.SIGINT)
-    followed, _ = follow.communicate(timeout=20)
-    assert follow.returncode == 0
-    lines = followed.splitlines()
-    assert any(line.startswith("=== vllm-guard: launch 3 at ") for line in lines), followed[-2000:]
-    assert any("Application startup complete." in line for line in lines)
+    assert follow.wait(timeout=20) == 0
+    reader.join(5)
+    followed = "".join(lines)
     assert TOKEN not in followed
 
     assert cli("stop", env={**person, "VLLM_GUARD_TOKEN": TOKEN}).stdout == "vllm-guard: stop requested\n"

@@ -680,6 +680,40 @@ MORE += [
         knows={"vllm_version": "0.20.0"}, then="--max-model-len 8192", step="drop_removed_flags"),
 ]
 
+MORE += [
+    Row("no KV memory, every step of the ladder tried: give up", D(NO_KV), "--enforce-eager",
+        knows={"tried": ("no_kv:gpu_memory_utilization", "no_kv:enforce_eager", "no_kv:max_num_batched_tokens",
+                         "no_kv:max_num_seqs", "no_kv:cpu_offload")}, gives_up=EX_TEMPFAIL),
+    Row("V0 known from the log alone (the start-up found no version): chunked prefill stays on below 32768",
+        D(KV, max_model_len=131072, fit_max_model_len=30864, vllm_version="0.6.6"),
+        then="--max-model-len 30864 --enable-chunked-prefill", step="max_model_len"),
+    Row("the length served, as vLLM printed it, when no flag set it", D(KV, served_max_model_len=32768,
+                                                                         fit_max_model_len=20000),
+        then="--max-model-len 20000", step="max_model_len"),
+    Row("the length from config.json when neither the flag nor the log says it", D(KV, fit_max_model_len=20000),
+        knows={"derived_max_model_len": 131072}, then="--max-model-len 20000", step="max_model_len"),
+    Row("no KV memory on V0 at exactly 32768 tokens: vLLM chunks by itself only above, the guard asks",
+        D(NO_KV), "--max-model-len 32768 --enforce-eager",
+        knows={"vllm_version": "0.6.6", "tried": ("no_kv:gpu_memory_utilization",)},
+        then="--max-model-len 32768 --enforce-eager --enable-chunked-prefill", step="no_kv:max_num_batched_tokens"),
+    Row("OOM allocating the KV cache at a share of three decimals: 0.05 down, to two",
+        replace(D(Kind.OOM_PROFILE), phase="kv_cache"), "--gpu-memory-utilization 0.925",
+        then="--gpu-memory-utilization 0.88", step="oom_kv_alloc"),
+    Row("OOM allocating the KV cache at 0.10: 0.05 is still a share", replace(D(Kind.OOM_PROFILE), phase="kv_cache"),
+        "--gpu-memory-utilization 0.1", then="--gpu-memory-utilization 0.05", step="oom_kv_alloc"),
+    Row("OOM allocating the KV cache, the free memory known but not the total: a step down",
+        replace(D(Kind.OOM_PROFILE), phase="kv_cache"), "--gpu-memory-utilization 0.9",
+        knows={"gpu_free_gib": 10.0}, then="--gpu-memory-utilization 0.85", step="oom_kv_alloc"),
+    # 14.96 GiB of weights at TP 2 less 2 GiB offloaded: 5.48 GiB a rank; 5 of 22.06 GiB free gives
+    # 5 / 22.06 - 0.005 = 0.22, 4.85 GiB: less than the weights
+    Row("free memory: the share left cannot hold a rank's weights (TP 2, some offloaded)",
+        D(FREE, free_gib=5.0, total_gib=22.06), "-tp 2 --cpu-offload-gb 2",
+        knows={"sizing": Sizing(LLAMA, gpus=2, vllm_version="0.32.0"), **L4_FACTS}, gives_up=EX_TEMPFAIL),
+    Row("CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences",
+        D(Kind.OOM_CUDAGRAPH, num_dummy_requests=256), "--enforce-eager",
+        then="--enforce-eager --max-num-seqs 128", step="oom_profile:max_num_seqs"),
+]
+
 
 #: The rows above in full (how WHOLE writes them).
 MORE_WHOLE: dict[str, tuple[Any, ...]] = {
@@ -932,6 +966,71 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
         '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
             ('--swap-space', '4', None,
              '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    'no KV memory, every step of the ladder tried: give up': (
+        'the weights and activations leave no memory for the KV cache, and every allowed remedy has been tried',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'V0 known from the log alone (the start-up found no version): chunked prefill stays on below 32768': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory '
+             'profile, and so the KV cache, as measured'),
+        )),
+    'the length served, as vLLM printed it, when no flag set it': (
+        "the KV cache holds about 20000 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '20000',
+             "the KV cache holds about 20000 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'the length from config.json when neither the flag nor the log says it': (
+        "the KV cache holds about 20000 tokens (vLLM's estimate), not 131072; 20000 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '20000',
+             "the KV cache holds about 20000 tokens (vLLM's estimate), not 131072; 20000 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'no KV memory on V0 at exactly 32768 tokens: vLLM chunks by itself only above, the guard asks': (
+        'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory profile, '
+        'and so the KV cache, as measured', (
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory '
+             'profile, and so the KV cache, as measured'),
+        )),
+    'OOM allocating the KV cache at a share of three decimals: 0.05 down, to two': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.88 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.925', '0.88',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.88 stays under what they leave'),
+        )),
+    'OOM allocating the KV cache at 0.10: 0.05 is still a share': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.05 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.1', '0.05',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.05 stays under what they leave'),
+        )),
+    'OOM allocating the KV cache, the free memory known but not the total: a step down': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.85 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.9', '0.85',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.85 stays under what they leave'),
+        )),
+    "free memory: the share left cannot hold a rank's weights (TP 2, some offloaded)": (
+        "only 5.0 of 22.06 GiB is free on the GPU: at 0.22 vLLM could use 4.85 GiB, less than the model's weights "
+        '(5.48 GiB per rank)',
+        'free the GPU (see the processes holding it)'),
+    'CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences': (
+        'CUDA ran out of memory warming up 256 dummy requests; 128 sequences need half the activation memory', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory warming up 256 dummy requests; 128 sequences need half the activation memory'),
         )),
 }
 

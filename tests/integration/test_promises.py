@@ -66,7 +66,7 @@ def test_exit_0_on_post_stop_and_on_vllm_guard_stop(run):
 def test_exit_1_when_a_client_command_finds_no_guard(tmp_path, command):
     out = cli(command, "--state-dir", str(tmp_path), "--status-port", str(free_port()))
     assert out.returncode == 1, (out.stdout, out.stderr)
-    assert "vllm-guard is not running" in out.stderr
+    assert ("vllm-guard is not running" if command == "status" else "no vllm-guard holds") in out.stderr
 
 
 def test_exit_1_with_an_error_object_from_status_json(tmp_path):

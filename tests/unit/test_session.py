@@ -1148,13 +1148,20 @@ def test_fp8_kv_support_is_judged_for_the_vllm_and_the_models_attention(cc: tupl
     assert s.fp8_supported is supported
 
 
-def test_learned_flags_keep_the_models_positional_argument() -> None:
-    """``vllm-guard serve MODEL ...``: the learned flags replace the flags, never the model vLLM is given."""
+def test_learned_flags_keep_what_vllms_own_config_file_sets() -> None:
+    """Flags from vLLM's --config YAML stay under the learned ones: the launch still answers for them."""
     s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
                 rng=random.Random(0))
-    s.requested = Flags.parse("org/model --max-model-len 32768")
+    s.requested = Flags.parse("--max-model-len 32768", base=Flags.parse("--max-num-seqs 64"))
     launch = s._choose(use_learned=True)
-    assert launch.flags.base == s.requested.base and launch.flags.get("--max-model-len") == "30368"
+    assert launch.flags.get("--max-model-len") == "30368" and launch.flags.get("--max-num-seqs") == "64"
+
+
+def test_stopped_without_stopping_first_says_why_for_both() -> None:
+    seen: list[tuple[str, str]] = []
+    s = Session(config(), Facts(), rng=random.Random(0), on_state=lambda st, why: seen.append((st.value, why)))
+    s.stopped("gave up")
+    assert seen == [("stopping", "gave up"), ("stopped", "gave up")]
 
 
 def test_learning_off_ignores_learned_flags() -> None:

@@ -16,9 +16,10 @@ import shlex
 import stat
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -222,7 +223,7 @@ def _specs() -> dict[str, _Spec]:
                 continue
             hint = hints[f.name]
             kind = tuple if typing.get_origin(hint) is tuple else hint
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
             out[prefix + f.name] = _Spec(prefix + f.name, kind, default)
 
     walk(GuardConfig, "")

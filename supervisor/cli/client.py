@@ -17,9 +17,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, TextIO
+from typing import Any, TextIO
 
 import httpx
 import psutil
@@ -31,6 +32,11 @@ from supervisor.shell import auth, history, output, statedir
 from supervisor.shell.probe import probe_host
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a snapshot's parts may be missing)."""
+    return value if isinstance(value, Mapping) else {}
+
 
 
 class ClientError(Exception):
@@ -266,7 +272,7 @@ def _probe(snap: Mapping[str, Any]) -> str:
     p = snap.get("last_probe") or snap.get("probe")
     if not isinstance(p, Mapping):
         return "none yet"
-    progress = snap.get("progress") if isinstance(snap.get("progress"), Mapping) else {}
+    progress = _mapping(snap.get("progress"))
     text = probe_text(p, str(snap.get("state", "")), progress.get("elapsed_s"))
     at = p.get("at")
     if isinstance(at, (int, float)):
@@ -309,7 +315,7 @@ def render_human(snap: Mapping[str, Any]) -> str:
     probe, context, the last failure (and whether it was healed), changed flags."""
     launches = snap.get("launches") or []
     rows = [("state", _state(snap))]
-    vllm = snap.get("vllm") if isinstance(snap.get("vllm"), Mapping) else {}
+    vllm = _mapping(snap.get("vllm"))
     if vllm.get("url"):
         rows.append(("vllm", str(vllm["url"]) + (f" (vLLM {vllm['version']})" if vllm.get("version") else "")))
     rows += [
@@ -317,7 +323,8 @@ def render_human(snap: Mapping[str, Any]) -> str:
         ("pid", str(snap.get("pid") or "-")
          + (f" (guard {snap['guard_pid']})" if snap.get("guard_pid") else "")),
         ("uptime", _duration(snap.get("uptime_s", snap.get("uptime")))),
-        ("launches", str(len(launches)) + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
+        ("launches", str(len(launches))
+         + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
         ("probe", _probe(snap)),
     ]
     context = snap.get("context")
@@ -426,7 +433,7 @@ def _stamp(when: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
 
 
-def history_lines(records: list[Mapping[str, Any]], guard: Mapping[str, Any] | None = None) -> Iterator[str]:
+def history_lines(records: Sequence[Mapping[str, Any]], guard: Mapping[str, Any] | None = None) -> Iterator[str]:
     """The history as a person reads it: a heading for each guard run, then one line a launch saying what
     happened in order (``healthy in 6 s, served 3 min 10 s, then restarted on request``)."""
     run = object()
@@ -482,7 +489,8 @@ def _history_line(r: Mapping[str, Any], alive: bool = False) -> str:
     line = f"{stamp}  launch {r.get('n')}  {what}"
     changed = r.get("changed_flags") or {}
     if isinstance(changed, Mapping) and changed:
-        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}" for k, v in changed.items()) + "]"
+        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}"
+                                  for k, v in changed.items()) + "]"
     measured = r.get("measured") or {}
     if isinstance(measured, Mapping) and measured.get("kv_cache_tokens"):
         line += f"  KV {measured['kv_cache_tokens']} tokens"
@@ -518,8 +526,7 @@ def run_logs(args: argparse.Namespace, environ: Mapping[str, str], out: Any = No
 def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
     """List the guards on this host."""
     out = sys.stdout if out is None else out
-    rows = [_guard_row(d, pids) for d, pids in _find_guards(args, environ).items()]
-    rows = [r for r in rows if r is not None]
+    rows = [r for r in (_guard_row(d, pids) for d, pids in _find_guards(args, environ).items()) if r is not None]
     if getattr(args, "json", False):
         for r in rows:
             out.write(json.dumps(r) + "\n")
@@ -533,7 +540,7 @@ def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | N
                        r["status"] or "-", r["gpu"] or "-", r["now"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() + "\n")
     return EX_OK
 
 

@@ -14,7 +14,8 @@ import os
 import random
 import shlex
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, TextIO, cast
 
 from supervisor import config
 from supervisor.errors import EX_OK, EX_USAGE, GuardError
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         from supervisor.shell.live import attach
 
         live, stream = attach()
-        logs.configure_logging(json=as_json, level=cfg.log_level, stream=stream)
+        logs.configure_logging(json=as_json, level=cfg.log_level, stream=cast(TextIO, stream))
     else:
         logs.configure_logging(json=as_json, level=cfg.log_level)
     guard = Guard(cfg, live=live)
@@ -108,7 +109,8 @@ def dry_run(cfg: config.GuardConfig) -> int:
     try:
         gathered = facts.gather(cfg, os.environ, NvmlProvider())
         state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or config.default_state_dir(os.environ)))
-        found, _key = statedir.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn else (gathered.facts, None)
+        found, _key = (statedir.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn
+                       else (gathered.facts, None))
     except GuardError as e:
         print(f"vllm-guard: {e}", file=sys.stderr)
         return e.exit_code

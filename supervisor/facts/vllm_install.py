@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any
 
 from supervisor.errors import ConfigError
 
@@ -140,7 +141,7 @@ _HF_ENV = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CAC
 class ResolvedConfig:
     """One model directory's config as transformers built it in vLLM's environment."""
 
-    config: dict
+    config: dict[str, Any]
     transformers_version: str
 
 

@@ -21,7 +21,8 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import structlog
 
@@ -176,9 +177,10 @@ class Guard:
     async def _supervise(self) -> int:
         s, gpus = self.session, self.gpus
         assert s is not None and gpus is not None
-        step: Launch | End | None = s.first_launch()
-        if step.changes or step.reason == "learned":
-            log.info(step.why)
+        first = s.first_launch()
+        if first.changes or first.reason == "learned":
+            log.info(first.why)
+        step: Launch | End | None = first
         while not self._stop.is_set():
             if isinstance(step, End):
                 self.exit_reason = self.report.gave_up(step, gpus.holders())
@@ -208,7 +210,7 @@ class Guard:
         """Wait ``delay`` seconds, or until a command (stop, restart) comes; return it."""
         try:
             return await asyncio.wait_for(self._control.get(), timeout=delay)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     async def _unless_stopped(self, work: Awaitable[T]) -> T | None:
@@ -375,7 +377,9 @@ class Guard:
         text = summary(state, progress, self.report.url(), last_failure(self.report.history.records),
                        (self.report.context or {}).get("served"))
         told, at = self._told
-        head = lambda t: t.split(", ", 2)[:2]  # noqa: E731 - the state and phase, without the seconds
+        def head(t: str) -> list[str]:       # the state and phase, without the seconds
+            return t.split(", ", 2)[:2]
+
         if text != told and (force or head(text) != head(told) or time.monotonic() - at >= 5.0):
             self.notifier.status(text)
             self._told = (text, time.monotonic())

@@ -14,8 +14,9 @@ import collections
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any
 
 import structlog
 
@@ -64,7 +65,8 @@ class VllmOutput:
             append_line(self.path, line, max_bytes=MAX_BYTES)
         except (OSError, StateError) as e:
             self._broken = True
-            structlog.get_logger("vllm-guard").warning(f"cannot keep vLLM's output in {self.path} ({e}); it still goes to the terminal or journal")
+            structlog.get_logger("vllm-guard").warning(
+                f"cannot keep vLLM's output in {self.path} ({e}); it still goes to the terminal or journal")
 
 
 def passthrough(line: bytes, stream: str) -> None:

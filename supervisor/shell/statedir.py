@@ -33,9 +33,9 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import structlog
 
@@ -89,7 +89,7 @@ class GpuTurnTimeout(TimeoutError):
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # --- directories ----------------------------------------------------------------------------
@@ -119,7 +119,8 @@ def ensure_dir(path: str | Path, mode: int = 0o700) -> Path:
         raise UnsafeDir(f"the state dir {p} is not a directory")
     if st.st_uid != os.geteuid():
         if st.st_uid != 0 or st.st_mode & 0o022:
-            raise UnsafeDir(f"the state dir {p} belongs to uid {st.st_uid}{' and others can write it' if st.st_mode & 0o022 else ''}; "
+            others = " and others can write it" if st.st_mode & 0o022 else ""
+            raise UnsafeDir(f"the state dir {p} belongs to uid {st.st_uid}{others}; "
                             "another user could plant links there that this guard would follow: give it a "
                             "directory of its own (chown it, or --state-dir)")
     elif st.st_mode & 0o022:
@@ -230,7 +231,7 @@ def read_json(path: str | Path) -> Any:
 def set_aside(path: str | Path, why: str) -> None:
     """Move a corrupt or hostile state file (or link, or directory) out of the way, saying so."""
     path = Path(path)
-    aside = path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}")
+    aside = path.with_name(f"{path.name}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}")
     try:
         os.replace(path, aside)
     except OSError as e:
@@ -569,14 +570,17 @@ def learned_facts(cfg: Any, facts: Any, state_dir: str) -> tuple[Any, StoreKeys]
         return facts, keys
     store = LearnedStore(state_dir)
     entry = store.get(keys.measured)
-    meta = entry.get("meta") if entry is not None and isinstance(entry.get("meta"), dict) else {}
+    found = entry.get("meta") if entry is not None else None
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
     if "measured" in meta:
         facts = replace(facts, measured=Measured.from_dict(meta["measured"]))
     entry = store.get(keys.flags)
     if entry is None:
         return facts, keys
-    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
-    reasons = meta.get("reasons") if isinstance(meta.get("reasons"), dict) else {}
+    found = entry.get("meta")
+    meta = found if isinstance(found, dict) else {}
+    found = meta.get("reasons")
+    reasons: dict[str, Any] = found if isinstance(found, dict) else {}
     argv = restore_masked(entry["argv"], list(cfg.vllm_args))
     return replace(facts, learned=Learned(tuple(argv), str(entry.get("saved_at") or ""),
                                           {str(k): str(v) for k, v in reasons.items()})), keys
@@ -644,7 +648,7 @@ class LearnedStore:
         return data
 
     def _set_aside(self, why: str) -> None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         try:
             os.replace(self.path, aside)
@@ -663,7 +667,7 @@ class LearnedStore:
         if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
             self._warn(f"learned flags for {key} in {self.path} are malformed; ignoring them")
             return None
-        return entry
+        return cast(dict[str, Any], entry)
 
     def put(self, key: str, argv: list[str], meta: dict[str, Any]) -> None:
         """Store the vLLM args that became healthy under ``key`` (secret values masked)."""

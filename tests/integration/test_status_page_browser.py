@@ -15,12 +15,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
-
 from guardrun import FAKE, LLAMA8B, ROOT, free_port, kill_marked
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -45,7 +45,8 @@ def browser(tmp_path):
     opts.binary_location = CHROMIUM
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,2200"):
+                "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+                "--window-size=1400,2200"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(30)

@@ -23,7 +23,9 @@ import httpx
 
 from supervisor import config
 from supervisor.errors import EX_FAILURE, EX_OK
-from supervisor.shell import auth, history, output, statedir
+from supervisor.errors import StateError
+from supervisor.shell import auth, history, locks, output
+from supervisor.shell.statefiles import read_json
 from supervisor.shell.probe import probe_host
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
@@ -155,8 +157,8 @@ def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
     """``<state_dir>/guard.json``, which a guard writes when it takes the state dir and again once its
     status endpoint listens (``status_port``); None when absent or unreadable."""
     try:
-        data = statedir.read_json(f"{state_dir}/{statedir.GUARD_INFO}")
-    except statedir.StateError:
+        data = read_json(f"{state_dir}/{locks.GUARD_INFO}")
+    except StateError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -393,7 +395,7 @@ def _candidate_state_dirs(args: argparse.Namespace, environ: Mapping[str, str]) 
     seen: list[str] = []
     for d in dirs:
         d = os.path.abspath(os.path.expanduser(d))
-        if d not in seen and (Path(d) / statedir.GUARD_INFO).exists():
+        if d not in seen and os.path.lexists(Path(d) / locks.GUARD_INFO):
             seen.append(d)
     return seen
 
@@ -403,7 +405,7 @@ def _guard_row(state_dir: str) -> dict[str, Any] | None:
     if info is None:
         return None
     pid = info.get("pid") if isinstance(info.get("pid"), int) else None
-    running = pid is not None and pid_alive(pid) and statedir.is_running(state_dir)
+    running = pid is not None and pid_alive(pid) and locks.is_running(state_dir)
     row: dict[str, Any] = {"state_dir": state_dir, "pid": pid if running else None,
                            "state": "running" if running else "stopped", "model": None, "vllm": None,
                            "status": None, "gpu": None}

@@ -80,10 +80,10 @@ SCENARIOS = [
     Scenario("no model facts: the first launch is the flags as given", config("--max-model-len 8192"),
              first="launch --max-model-len 8192"),
     Scenario("learned flags are used first", config("--max-model-len 32768"),
-             Facts(learned=Learned(("--max-model-len", "30368"), "2026-11-29", {"--max-model-len": "cut"})),
+             Facts(learned=Learned({"--max-model-len": "30368"}, "2026-11-29", {"--max-model-len": "cut"})),
              first="launch --max-model-len 30368"),
     Scenario("learned flags that fail are forgotten: the flags as given again, and that counts as a launch",
-             config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+             config("--max-model-len 32768"), Facts(learned=Learned({"--max-model-len": "30368"})),
              (fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=30368, fit_max_model_len=20000),),
              first="launch --max-model-len 30368", steps=("launch --max-model-len 32768",)),
     Scenario("plan.auto_fit on vLLM 0.14+: vLLM sizes the length", config(**{"plan.auto_fit": True}),
@@ -279,7 +279,7 @@ def test_healthy_after_auto_fit_notes_vllms_choice_and_keeps_the_reason() -> Non
     note = s.notes["--max-model-len"]
     assert note.value == "auto (29936)" and note.source == "plan"
     assert note.text.startswith("131072 tokens do not fit") and note.text.endswith("chose 29936 tokens for the KV cache")
-    assert h.learn == tuple(s.current.argv())
+    assert h.learn == {"--max-model-len": "auto"}              # what the guard changed, not a command line
 
 
 def test_flags_this_vllm_removed_are_dropped_before_launching() -> None:
@@ -318,7 +318,7 @@ def test_a_healed_length_below_what_vllm_measured_is_raised_for_the_next_start(v
     s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=40000))
     s.launching()
     h = s.healthy({"kv_cache_tokens": 41584, "block_size": 16}, 30.0)
-    assert h.learn is not None and Flags.parse(" ".join(h.learn)).get("--max-model-len") == str(kept)
+    assert h.learn == {"--max-model-len": str(kept)}
     assert s.current.get("--max-model-len") == "40000"          # this launch keeps what it serves
 
 

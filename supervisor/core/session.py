@@ -198,6 +198,8 @@ class Session:
         self._on_state = on_state
         self._lifecycle = Lifecycle()
         self._learned = facts.learned
+        self._bounds_of: Flags | None = None
+        self._bounds: tuple[int, int | None] | None = None
         self._fails_without_health = 0
         self._tried: list[str] = []
         self._previous: list[Diagnosis] = []
@@ -301,9 +303,12 @@ class Session:
 
     def auto_fit_bounds(self) -> tuple[int, int | None] | None:
         """(floor, ceiling) held on vLLM's choice when the launch uses ``--max-model-len auto``."""
-        if not self.current.auto_length():
-            return None
-        return self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)
+        current = self.current
+        if self._bounds_of is not current:      # asked for every line vLLM prints: once per set of flags
+            self._bounds_of = current
+            self._bounds = (self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)) \
+                if current.auto_length() else None
+        return self._bounds
 
     def check_auto_fit(self, numbers: Mapping[str, Any], phase: str) -> Diagnosis | None:
         """A failure of the guard's own bounds on ``--max-model-len auto`` (None: within them, or not auto)."""

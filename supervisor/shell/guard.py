@@ -245,8 +245,9 @@ class Guard:
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
         self.child = child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
+        bounds = s.check_auto_fit if flags.auto_length() else None      # asked per line: only where it applies
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
-                                          bounds=s.check_auto_fit, hurry=self._hurry, clean=self.output.mask)
+                                          bounds=bounds, hurry=self._hurry, clean=self.output.mask)
         child.on_line = watcher.line
         try:
             async with gpus.turn(c.startup_timeout) as ours:

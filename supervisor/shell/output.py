@@ -69,8 +69,10 @@ class VllmOutput:
         self.secrets = sorted({s.encode() for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
         self._journal = {"stdout": on_journal(sys.stdout), "stderr": on_journal(sys.stderr)}
         self._level = {"stdout": _INFO, "stderr": _INFO}
-        self._segments: list[tuple[str, bytearray]] = []     # passed-through lines not yet written, in order
-        self._pending = 0
+        self._through = not quiet and live is None           # lines go through to the guard's stdout/stderr
+        self._segments: list[tuple[str, bytearray]] = []     # lines not yet written, in order, by stream
+        self._stream = ""                                    # the stream of the last segment
+        self._buf = bytearray()                              # the last segment's bytes
         self._scheduled = False
 
     def mask(self, line: bytes) -> bytes:
@@ -82,37 +84,28 @@ class VllmOutput:
 
     def launch(self, n: int, argv_text: str) -> None:
         """Mark the start of launch ``n`` in the ring file."""
+        self.flush()                        # what came before the mark stays before it
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if self._file is not None:
             self._file.write(self.mask(f"=== vllm-guard: launch {n} at {stamp}: {argv_text}".encode()))
         self._schedule()
 
     def line(self, line: bytes, stream: str) -> bytes:
-        """Show and keep one (already masked) line of vLLM's; returns it."""
-        if self._file is not None:
-            self._file.write(line)
-        if not self.quiet:
-            if self.live is not None:
-                self.live.note_progress(line)
-                self.live.above(line, sys.stdout if stream == "stdout" else sys.stderr)
-            else:
-                shown = line
-                if self._journal[stream]:
-                    self._level[stream] = level = priority(line, self._level[stream])
-                    shown = level + line
-                segments = self._segments
-                if segments and segments[-1][0] == stream:
-                    buf = segments[-1][1]
-                else:
-                    buf = bytearray()
-                    segments.append((stream, buf))
-                buf += shown
-                buf += b"\n"
-                self._pending += len(shown) + 1
-                if self._pending >= _FLUSH_AT:
-                    self.flush()
-                    return line
-        if not self._scheduled:
+        """Show and keep one (already masked) line of vLLM's; returns it. Called for every line vLLM prints,
+        so it only buffers: :meth:`flush` writes the batch to the ring file and the guard's streams."""
+        if stream != self._stream:
+            self._buf = bytearray()
+            self._segments.append((stream, self._buf))
+            self._stream = stream
+        buf = self._buf
+        buf += line
+        buf += b"\n"
+        if self.live is not None and not self.quiet:
+            self.live.note_progress(line)
+            self.live.above(line, sys.stdout if stream == "stdout" else sys.stderr)
+        if len(buf) >= _FLUSH_AT:
+            self.flush()
+        elif not self._scheduled:
             self._schedule()
         return line
 
@@ -131,16 +124,32 @@ class VllmOutput:
     def flush(self) -> None:
         """Write what is buffered: to the ring file, and through to the guard's stdout/stderr."""
         self._scheduled = False
+        segments, self._segments, self._stream = self._segments, [], ""
         if self._file is not None:
+            for _stream, data in segments:
+                self._file.write_lines(data)
             self._file.flush()
-        segments, self._segments, self._pending = self._segments, [], 0
+        if not self._through:
+            return
         for stream, data in segments:
             out = sys.stdout if stream == "stdout" else sys.stderr
+            if self._journal[stream]:
+                data = self._prefixed(data, stream)
             try:
                 out.buffer.write(data)
                 out.flush()
             except (ValueError, OSError, AttributeError):
                 pass                        # a terminal that went away: the ring file still has the lines
+
+    def _prefixed(self, data: bytes | bytearray, stream: str) -> bytes:
+        """The lines of ``data``, each with the journald priority of its vLLM level."""
+        level = self._level[stream]
+        out = []
+        for line in bytes(data).split(b"\n")[:-1]:
+            level = priority(line, level)
+            out.append(level + line + b"\n")
+        self._level[stream] = level
+        return b"".join(out)
 
     def close(self) -> None:
         """Write what is buffered and let go of the ring file."""

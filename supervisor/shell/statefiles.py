@@ -417,12 +417,22 @@ class AppendLog:
 
     def write(self, line: bytes) -> None:
         """Buffer one line (without its newline)."""
-        if self._size + len(self._buf) + len(line) + 1 > self.max_bytes:
-            self.flush()                            # what fits goes to this file (opened, rotated, as needed)
-            if self._fd >= 0 and self._size and self._size + len(line) + 1 > self.max_bytes:
-                self._rotate()
-        self._buf += line
-        self._buf += b"\n"
+        self.write_lines(line + b"\n")
+
+    def write_lines(self, block: bytes | bytearray) -> None:
+        """Buffer whole lines, each ending with a newline (a batch of them: one call, not one per line).
+        A batch that would take the file past ``max_bytes`` is cut at a line end: what fits goes to this
+        file, the rest to the next."""
+        while self._size + len(self._buf) + len(block) > self.max_bytes:
+            room = self.max_bytes - self._size - len(self._buf)
+            cut = block.rfind(b"\n", 0, room) + 1 if room > 0 else 0
+            if cut:
+                self._buf += block[:cut]
+                block = block[cut:]
+            if not self.flush() or not self._size:
+                break                   # the disk refused it (kept, bounded), or one line alone is that long
+            self._rotate()
+        self._buf += block
         if len(self._buf) >= _FLUSH_AT:
             self.flush()
 

@@ -172,7 +172,7 @@ def _tree(record: dict[str, Any]) -> list[dict[str, Any]]:
 def clear_launch(state_dir: str) -> None:
     """Remove ``launch.json`` (the launch ended and all of its processes with it; best effort)."""
     path = _launch_path(state_dir)
-    FAULTS.attempt(path, lambda: remove(path))
+    FAULTS.attempt(path, lambda: remove(path), proves=False)
 
 
 # --- finding processes ----------------------------------------------------------------------

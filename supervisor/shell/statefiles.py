@@ -610,15 +610,17 @@ class Faults:
         with self._lock:
             return dict(self._failing)
 
-    def attempt(self, path: str | Path, write: Callable[[], Any]) -> bool:
+    def attempt(self, path: str | Path, write: Callable[[], Any], *, proves: bool = True) -> bool:
         """Run ``write`` (a write of ``path``) as best effort: True when it worked; a fault (OSError,
-        :class:`StateError`) is logged once per file and the caller goes on."""
+        :class:`StateError`) is logged once per file and the caller goes on. ``proves``: that it worked
+        shows the file can be written again (a removal, which a full disk allows, does not)."""
         try:
             write()
         except (OSError, StateError) as e:
             self.failed(path, e)
             return False
-        self.ok(path)
+        if proves:
+            self.ok(path)
         return True
 
 

@@ -150,8 +150,9 @@ class Child:
         for line in splitter.close():
             self.on_line(line, name)
 
-    def remember_tree(self) -> None:
-        """Record the launch's processes now (engine and workers), to end or watch them later."""
+    def remember_tree(self, record: bool = True) -> None:
+        """Note the launch's processes now (engine and workers), to end or watch them later; ``record``:
+        in ``launch.json`` too, for the next guard if this one is SIGKILLed."""
         if self.pid is None:
             return
         tree = procs.snapshot_tree(self.pid)
@@ -160,7 +161,7 @@ class Child:
                 self.tree.setdefault(p.pid, p.create_time())
             except Exception:
                 continue
-        if self.state_dir:
+        if self.state_dir and record:
             # A second way for the next guard to find them if this one is SIGKILLed.
             procs.note_tree(self.state_dir, tree)
 
@@ -195,7 +196,7 @@ class Child:
             return None
         import psutil
 
-        self.remember_tree()
+        self.remember_tree(record=False)     # signal first; the disk is written after (it may be full or slow)
         victims = []
         for pid, created in self.tree.items():
             try:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from guardrun import FAKE, LLAMA8B, ROOT, GuardRun, marked
 
 sys.path.insert(0, str(ROOT))
-from tests.fakes.planted import FOREIGN, KINDS, STATE_FILES, can_plant, plant  # noqa: E402
+from tests.fakes.planted import KINDS, STATE_FILES, can_plant, plant  # noqa: E402
 
 SCENARIO = {"version": "0.32.0", "model": LLAMA8B}
 ARGS = ["--max-model-len", "8192"]

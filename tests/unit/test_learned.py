@@ -5,6 +5,7 @@ that reach vLLM are the user's with at most a remediable value changed."""
 from __future__ import annotations
 
 import json
+import random
 import os
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def test_an_older_guards_command_line_keeps_only_what_it_changed_among_the_remed
     assert found is not None
     assert found.flags == {"--max-model-len": "4096", "--gpu-memory-utilization": "0.85"}
     assert found.reasons == {"--max-model-len": "cut", "--gpu-memory-utilization": ""}
-    first = Session(ASKED, Facts(learned=found), rng=__import__("random").Random(0)).first_launch()
+    first = Session(ASKED, Facts(learned=found), rng=random.Random(0)).first_launch()
     assert first.flags.argv() == ["--max-model-len", "4096", "--dtype", "half", "--gpu-memory-utilization", "0.85"]
 
 
@@ -186,7 +187,7 @@ def test_a_planted_store_can_at_most_pick_another_remedy_value(tmp_path, entry):
     (tmp_path / "learned.json").write_text(json.dumps({key: entry}, default=str))
     requested = ASKED.requested_flags()
     facts = state.learned_facts(ASKED, Facts(), str(tmp_path), warn=lambda _m: None)[0]
-    flags = Session(ASKED, facts, rng=__import__("random").Random(0)).first_launch().flags
+    flags = Session(ASKED, facts, rng=random.Random(0)).first_launch().flags
     user_tokens = Flags.parse(requested.argv())
     for name in flags.names():
         assert name in REMEDIABLE or name in user_tokens.names(), f"{name} was added to vLLM's command line"

@@ -25,13 +25,12 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor.shell.child import Child
+from benchmarks.matrix import ROOT
 from supervisor.core.classifier import Classifier
-from supervisor.shell.probe import Prober
+from supervisor.shell.child import Child
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
 from supervisor.shell.output import VllmOutput
-
-from benchmarks.matrix import ROOT
+from supervisor.shell.probe import Prober
 
 FAKE = os.path.join(ROOT, "tests", "fakes", "fake_vllm.py")
 CHILD = os.path.join(ROOT, "benchmarks", "latency_child.py")

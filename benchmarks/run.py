@@ -53,7 +53,8 @@ def overhead_section(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         *output_rows(data),
         {"measure": f"fatal line -> SIGTERM, collect_after_fatal=0 ({r0['runs']} runs)",
          "figure": f"median {r0['median_ms']} ms, p99 {r0['p99_ms']} ms (min {r0['min_ms']}, max {r0['max_ms']})"},
-        {"measure": f"fatal line -> SIGTERM, default 2 s collection window ({r2['runs']} runs, {r2['parallel']} at a time)",
+        {"measure": (f"fatal line -> SIGTERM, default 2 s collection window ({r2['runs']} runs, "
+                     f"{r2['parallel']} at a time)"),
          "figure": f"median {r2['median_ms']} ms, p99 {r2['p99_ms']} ms (min {r2['min_ms']}, max {r2['max_ms']})"},
     ]
     return report.table(rows), data

@@ -15,9 +15,10 @@ import os
 import shlex
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -222,7 +223,7 @@ def _specs() -> dict[str, _Spec]:
                 continue
             hint = hints[f.name]
             kind = tuple if typing.get_origin(hint) is tuple else hint
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
             out[prefix + f.name] = _Spec(prefix + f.name, kind, default)
 
     walk(GuardConfig, "")
@@ -514,7 +515,7 @@ class _BoundedYaml(yaml.SafeLoader):
         self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise yaml.composer.ComposerError(None, None, "anchors and aliases (&, *) are refused",
                                               event.start_mark)

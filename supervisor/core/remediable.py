@@ -16,12 +16,23 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from supervisor.core.flags import (AUTO_LENGTHS, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
-                                   KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS, UTILIZATION,
-                                   Flags)
+from supervisor.core.flags import (
+    AUTO_LENGTHS,
+    CHUNKED_PREFILL,
+    CPU_OFFLOAD,
+    ENFORCE_EAGER,
+    KV_CACHE_BYTES,
+    KV_CACHE_DTYPE,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    UTILIZATION,
+    Flags,
+)
 
 #: vLLM's KV cache dtypes (``CacheDType`` in ``vllm/config/cache.py``: 0.32's list, which holds the
 #: earlier releases' ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2`` and ``fp8_inc``).

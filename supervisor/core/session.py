@@ -22,8 +22,9 @@ The order of a session::
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import tenacity
 
@@ -31,8 +32,15 @@ from supervisor.config import GuardConfig
 from supervisor.core import exits, memory, remediable, remedy, vllm
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.flags import (KV_CACHE_DTYPE, MAX_MODEL_LEN, PIPELINE_PARALLEL, TENSOR_PARALLEL, UTILIZATION,
-                                   Flags, diff)
+from supervisor.core.flags import (
+    KV_CACHE_DTYPE,
+    MAX_MODEL_LEN,
+    PIPELINE_PARALLEL,
+    TENSOR_PARALLEL,
+    UTILIZATION,
+    Flags,
+    diff,
+)
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import Lifecycle, State
 from supervisor.core.model import ModelInfo, derive_max_model_len
@@ -63,7 +71,7 @@ class Measured:
                 "under": [list(pair) for pair in self.under]}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Measured | None":
+    def from_dict(cls, d: Any) -> Measured | None:
         """From the state dir's JSON; None when it is not the shape :meth:`to_dict` writes."""
         try:
             under = tuple((str(k), None if v is None else str(v)) for k, v in d["under"])
@@ -243,7 +251,7 @@ class Session:
         learned = self._learned if cfg.plan.learn and use_learned else None
         if learned is not None:
             flags = remediable.apply(requested, learned.flags)
-            for name, (was, now) in diff(requested, flags).items():
+            for name, (_was, now) in diff(requested, flags).items():
                 self._note(name, now, learned.reasons.get(name, "learned from an earlier healthy launch"), "store")
             self.flags_source = "store"
             return Launch(flags, why=f"using the flags learned on {learned.saved_at or 'an earlier start'}",
@@ -421,14 +429,15 @@ class Session:
         self._to(State.HEALTHY, "probes pass again")
 
     def restart(self, reset: bool) -> Launch:
-        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's."""
+        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's, and
+        the learned flags dropped from the store (else the next start would go back to them)."""
         self.restarts += 1
         if reset:
-            self.current, self.notes, self.flags_source = self.requested, {}, "user"
+            self.current, self.notes, self.flags_source, self._learned = self.requested, {}, "user", None
         self._to(State.RESTARTING, "restart requested")
         return Launch(self.current, why="restart requested: " + (
             "back to the flags you asked for" if reset else "relaunching with the current flags"),
-            reason="reset" if reset else "request")
+            reason="reset" if reset else "request", forget_learned=reset)
 
     def stopping(self, why: str) -> None:
         self._to(State.STOPPING, why)
@@ -507,7 +516,7 @@ class Session:
         """Exponential backoff with jitter (tenacity's policy) before relaunch ``attempt`` (1-based)."""
         b = self.cfg.backoff
         wait = tenacity.wait_exponential(multiplier=b.initial, max=b.maximum, exp_base=b.multiplier)
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]  # only attempt_number is read
         state.attempt_number = attempt
         return min(b.maximum, wait(state)) + self._rng.uniform(0, b.jitter)
 

@@ -15,8 +15,9 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import structlog
 

@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import threading
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from supervisor.shell import procs
 
@@ -211,7 +211,7 @@ class Child:
         await procs.end_processes_async(victims, self.pgid, grace, hurry)
         try:
             code = await asyncio.wait_for(self.proc.wait(), timeout=max(grace, 1.0) + 5)
-        except asyncio.TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
+        except TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
             try:
                 os.killpg(self.pgid or self.proc.pid, signal.SIGKILL)
             except OSError:

@@ -22,7 +22,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +73,7 @@ def learned_key(
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _log_warning(message: str) -> None:
@@ -157,7 +157,8 @@ def learned_from_entry(entry: Mapping[str, Any], requested: Flags) -> Learned:
     """The learned flags of a store entry, checked (ValueError naming what is wrong). An older guard's
     entry (``argv``) gives what its command line changed from ``requested`` among the flags the guard
     changes; everything else in it is ignored."""
-    saved_at = entry.get("saved_at") if isinstance(entry.get("saved_at"), str) else ""
+    stamp = entry.get("saved_at")
+    saved_at = stamp if isinstance(stamp, str) else ""
     flags = entry.get("flags")
     if isinstance(flags, dict):
         values: dict[str, Any] = {}
@@ -170,8 +171,10 @@ def learned_from_entry(entry: Mapping[str, Any], requested: Flags) -> Learned:
         return Learned(values, saved_at, reasons)
     argv = entry.get("argv")
     if isinstance(argv, list) and all(isinstance(a, str) and "\x00" not in a for a in argv):
-        meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
-        old = meta.get("reasons") if isinstance(meta.get("reasons"), dict) else {}
+        found = entry.get("meta")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        found = meta.get("reasons")
+        old: dict[str, Any] = found if isinstance(found, dict) else {}
         changed = remediable.changes(requested, Flags.parse(argv, base=requested.base))
         return Learned(changed, saved_at, {k: remediable.reason(old.get(k)) for k in changed})
     raise ValueError("neither flags nor an argv")
@@ -184,15 +187,18 @@ def learned_facts(cfg: GuardConfig, facts: Facts, state_dir: str,
     (for any flags); with the keys to store them under."""
     requested = cfg.requested_flags()
     gpus = [(d.name, d.total_bytes) for d in facts.devices] or [("cpu", int((facts.cpu_kv_space_gib or 0) * (1 << 30)))]
-    where = dict(model=cfg.model, revision=None, gpus=gpus, tp=requested.get_int("--tensor-parallel-size") or 1,
-                 vllm_version=facts.vllm_version)
-    keys = StoreKeys(learned_key(**where, user_args=list(cfg.vllm_args)),
-                     MEASURED_PREFIX + learned_key(**where, user_args=[]))
+    tp = requested.get_int("--tensor-parallel-size") or 1
+
+    def key(user_args: list[str]) -> str:
+        return learned_key(model=cfg.model, revision=None, gpus=gpus, tp=tp, vllm_version=facts.vllm_version,
+                           user_args=user_args)
+    keys = StoreKeys(key(list(cfg.vllm_args)), MEASURED_PREFIX + key([]))
     if not os.path.isdir(state_dir):
         return facts, keys
     store = LearnedStore(state_dir, warn)
     entry = store.get(keys.measured)
-    meta = entry.get("meta") if entry is not None and isinstance(entry.get("meta"), dict) else {}
+    found = entry.get("meta") if entry is not None else None
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
     if "measured" in meta:
         facts = replace(facts, measured=Measured.from_dict(meta["measured"]))
     entry = store.get(keys.flags)

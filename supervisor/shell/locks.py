@@ -20,7 +20,7 @@ import re
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ class GpuTurnTimeout(TimeoutError):
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _record(fd: int) -> dict[str, Any]:

@@ -28,8 +28,9 @@ import collections
 import re
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from supervisor.shell.logs import on_journal
 from supervisor.shell.statefiles import AppendLog, open_follow, read_lines, same_file
@@ -101,8 +102,7 @@ class VllmOutput:
         buf += line
         buf += b"\n"
         if self.live is not None and not self.quiet:
-            self.live.note_progress(line)
-            self.live.above(line, sys.stdout if stream == "stdout" else sys.stderr)
+            self.live.above(line, stream)
         if len(buf) >= _FLUSH_AT:
             self.flush()
         elif not self._scheduled:
@@ -133,10 +133,9 @@ class VllmOutput:
             return
         for stream, data in segments:
             out = sys.stdout if stream == "stdout" else sys.stderr
-            if self._journal[stream]:
-                data = self._prefixed(data, stream)
+            shown = self._prefixed(data, stream) if self._journal[stream] else data
             try:
-                out.buffer.write(data)
+                out.buffer.write(shown)
                 out.flush()
             except (ValueError, OSError, AttributeError):
                 pass                        # a terminal that went away: the ring file still has the lines

@@ -25,8 +25,8 @@ from typing import Any
 
 import psutil
 
-from supervisor.shell import auth
 from supervisor.errors import StateError
+from supervisor.shell import auth
 from supervisor.shell.statefiles import FAULTS, ensure_dir, read_json, remove, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"

@@ -7,12 +7,27 @@ this round); new code imports from the three modules below. Remove once nothing 
 """
 
 from supervisor.errors import AlreadyRunning, StateError, UnsafeDir
-from supervisor.shell.learned import (LEARNED, MEASURED_PREFIX, LearnedStore, StoreKeys, learned_facts,
-                                      learned_key)
-from supervisor.shell.locks import (GUARD_INFO, GUARD_LOCK, GpuTurn, GpuTurnTimeout, StateDirLock, gpu_lock_dir,
-                                    gpu_turn, gpu_turn_async, is_running)
-from supervisor.shell.statefiles import (MAX_STATE_FILE, atomic_write, ensure_dir, read_json, read_lines,
-                                         set_aside, write_json)
+from supervisor.shell.learned import LEARNED, MEASURED_PREFIX, LearnedStore, StoreKeys, learned_facts, learned_key
+from supervisor.shell.locks import (
+                                      GUARD_INFO,
+                                      GUARD_LOCK,
+                                      GpuTurn,
+                                      GpuTurnTimeout,
+                                      StateDirLock,
+                                      gpu_lock_dir,
+                                      gpu_turn,
+                                      gpu_turn_async,
+                                      is_running,
+)
+from supervisor.shell.statefiles import (
+                                      MAX_STATE_FILE,
+                                      atomic_write,
+                                      ensure_dir,
+                                      read_json,
+                                      read_lines,
+                                      set_aside,
+                                      write_json,
+)
 
 __all__ = ["AlreadyRunning", "GUARD_INFO", "GUARD_LOCK", "GpuTurn", "GpuTurnTimeout", "LEARNED", "LearnedStore",
            "MAX_STATE_FILE", "MEASURED_PREFIX", "StateDirLock", "StateError", "StoreKeys", "UnsafeDir",

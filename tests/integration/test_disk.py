@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+from guardrun import FAKE, LLAMA8B, ROOT, GuardRun, marked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from guardrun import FAKE, LLAMA8B, ROOT, GuardRun, marked
 
 sys.path.insert(0, str(ROOT))
 from tests.fakes.planted import KINDS, STATE_FILES, can_plant, plant  # noqa: E402
@@ -222,14 +221,14 @@ def test_on_the_journal_every_vllm_line_carries_the_guards_priority(tmp_path):
         while time.monotonic() < deadline and b"Application startup complete" not in received:
             try:
                 received += ours.recv(1 << 16)
-            except socket.timeout:
+            except TimeoutError:
                 pass
         g.wait_healthy(launches=1, timeout=30)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         while chunk := ours.recv(1 << 16):
             received += chunk
-    except socket.timeout:
+    except TimeoutError:
         pass
     finally:
         if proc.poll() is None:

@@ -18,8 +18,8 @@ DOOR = "supervisor/shell/statefiles.py"
 #: Files that open files themselves, each with why that is not a state file (or not yet routed).
 ALLOWED = {
     DOOR: "the door itself",
-    "supervisor/cli/diagnose.py": "reads a log a person names or pipes in: stdin, a pipe or a FIFO is valid input there, "
-                                  "and nothing is written",
+    "supervisor/cli/diagnose.py": "reads a log a person names or pipes in: stdin, a pipe or a FIFO is valid "
+                                  "input there, and nothing is written",
     "supervisor/cli/__init__.py": "opens /dev/null to silence stdout after a broken pipe (`vllm-guard logs | head`)",
     # TODO(lead, after the merge): these two are being rewritten in another branch of this round; route their
     # reads of the model's config.json / safetensors index and of vLLM's shebang through

@@ -5,8 +5,8 @@ that reach vLLM are the user's with at most a remediable value changed."""
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -125,7 +125,8 @@ def test_measured_memory_is_kept_for_this_host_whatever_the_flags(tmp_path):
     assert state.learned_facts(other_flags, other_gpu, str(tmp_path))[0].measured is None
 
 
-@pytest.mark.parametrize("garbage", [5, {"overhead_bytes": "6"}, {"overhead_bytes": -1, "weights_bytes": 0, "under": []},
+@pytest.mark.parametrize("garbage", [5, {"overhead_bytes": "6"},
+                                     {"overhead_bytes": -1, "weights_bytes": 0, "under": []},
                                      {"overhead_bytes": 1, "weights_bytes": 1, "under": 7}])
 def test_a_malformed_measurement_is_ignored(tmp_path, garbage):
     _, keys = state.learned_facts(GuardConfig(model="m"), Facts(), str(tmp_path))

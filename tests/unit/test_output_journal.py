@@ -84,7 +84,8 @@ def test_off_the_journal_lines_pass_through_unchanged(journal):
 _level = st.sampled_from(list(SYSLOG))
 _prefix = st.sampled_from(["", "(APIServer pid=4242) ", "(EngineCore_DP0 pid=17) ", "(Worker_TP1 pid=9) "])
 _rest = st.binary(max_size=60).map(lambda b: b.replace(b"\n", b" ").replace(b"\r", b" "))
-_vllm_line = st.builds(lambda p, lv, rest: (p + lv + " 11-29 17:00:00 [x.py:1] ").encode() + rest, _prefix, _level, _rest)
+_vllm_line = st.builds(lambda p, lv, rest: (p + lv + " 11-29 17:00:00 [x.py:1] ").encode() + rest,
+                       _prefix, _level, _rest)
 _bare = st.one_of(_rest, st.builds(lambda n, rest: f"<{n}>".encode() + rest, st.integers(0, 7), _rest))
 
 
@@ -99,7 +100,7 @@ def test_every_line_on_the_journal_starts_with_the_guards_priority(journal, line
     shown = read()
     assert len(shown) == len(lines)
     level = 6
-    for line, got in zip(lines, shown):
+    for line, got in zip(lines, shown, strict=True):
         words = line.split(b") ", 1)[1] if line.startswith(b"(") and b") " in line else line
         word = words.split(b" ", 1)[0].decode("latin-1")
         if word in SYSLOG:

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("flag,value,token", [
-    ("--gpu-memory-utilization", "0.9", "0.9"), ("--gpu-memory-utilization", 1, "1"), ("--gpu-memory-utilization", 0.85, "0.85"),
+    ("--gpu-memory-utilization", "0.9", "0.9"), ("--gpu-memory-utilization", 1, "1"),
+    ("--gpu-memory-utilization", 0.85, "0.85"),
     ("--max-model-len", "8192", "8192"), ("--max-model-len", 30368, "30368"), ("--max-model-len", "auto", "auto"),
     ("--max-model-len", "-1", "-1"), ("--kv-cache-dtype", "fp8", "fp8"), ("--kv-cache-dtype", "fp8_e5m2", "fp8_e5m2"),
     ("--max-num-seqs", "1", "1"), ("--max-num-batched-tokens", 2048, "2048"), ("--cpu-offload-gb", "0", "0"),

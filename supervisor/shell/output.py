@@ -41,10 +41,10 @@ _FLUSH_AT = 256 << 10          # a batch larger than this is written at once
 
 # vLLM's log format: "(APIServer pid=7) INFO 11-29 17:00:00 [file.py:1] ...", "WARNING 11-29 ...",
 # uvicorn's "INFO:     127.0.0.1:40000 - ...".
-_LEVEL = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
+# Python's logging names only these five levels (never WARN or FATAL); the name is a whole word.
+_LEVEL = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):?(?: |$)")
 # vLLM's levels as syslog priorities; nothing vLLM prints is filed above err (the guard's own messages are).
-_PRIORITY = {b"DEBUG": b"<7>", b"INFO": b"<6>", b"WARNING": b"<4>", b"WARN": b"<4>", b"ERROR": b"<3>",
-             b"CRITICAL": b"<3>", b"FATAL": b"<3>"}
+_PRIORITY = {b"DEBUG": b"<7>", b"INFO": b"<6>", b"WARNING": b"<4>", b"ERROR": b"<3>", b"CRITICAL": b"<3>"}
 _INFO, _ERR = b"<6>", b"<3>"
 
 

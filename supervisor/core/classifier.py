@@ -31,17 +31,47 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, UNKNOWN_PHASE, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, ENGINE_BANNERS, ENGINE_FILES, ENGINE_PROCS, ENGINE_WORDS, PLUGIN_FILE, RAISED_ONLY, REQUEST_ERRORS, REQUEST_FRAMES,
-                                      REQUEST_LOGS, RUNTIME_MARKERS, SERVING_FRAMES, STOP_PREFIXES, VOCABULARY,
-                                      _CAPTURE, _CUDA, _FATAL, _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS,
-                                      _MILESTONE_PREFIXES, _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS,
-                                      _WARN_RULES, _WEAK_FRAMES, _info_numbers)
+from supervisor.core.messages import (
+    _CAPTURE,
+    _CUDA,
+    _FATAL,
+    _FRAME_PHASE,
+    _INFO_PREFIXES,
+    _INFO_RULES,
+    _KEYS,
+    _MILESTONE_PREFIXES,
+    _MILESTONES,
+    _OOM,
+    _RULES,
+    _RX_LOGO,
+    _SERVING_PREFIXES,
+    _WARN_KEYS,
+    _WARN_RULES,
+    _WEAK_FRAMES,
+    COLLATERAL_ERRORS,
+    ENGINE_BANNERS,
+    ENGINE_FILES,
+    ENGINE_PROCS,
+    ENGINE_WORDS,
+    PLUGIN_FILE,
+    RAISED_ONLY,
+    REQUEST_ERRORS,
+    REQUEST_FRAMES,
+    REQUEST_LOGS,
+    RUNTIME_MARKERS,
+    SERVING_FRAMES,
+    STOP_PREFIXES,
+    VOCABULARY,
+    _info_numbers,
+)
 from supervisor.core.vllm_text import EXCEPTION_LINE as _EXC
-from supervisor.core.vllm_text import Level, Normalizer, Record, normalize
+from supervisor.core.vllm_text import Level, Normalizer, Record
+from supervisor.core.vllm_text import normalize as normalize  # re-exported: the one normalisation, read here too
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 _KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 1 MB lines
@@ -119,7 +149,7 @@ class Classifier:
         return self._serving
 
     @property
-    def numbers(self) -> dict:
+    def numbers(self) -> dict[str, Any]:
         """Numbers stated so far by milestone and configuration lines."""
         return _public(self._with_engine(dict(self._numbers)))
 
@@ -181,7 +211,8 @@ class Classifier:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
             numbers = self._with_engine({**self._numbers, **nums})
             if kind is Kind.CONFIG_ERROR and "required_gpus" not in numbers and (
-                    "grace_s" in numbers or "placement group" in evidence.lower() or "available gpus" in evidence.lower()):
+                    "grace_s" in numbers or "placement group" in evidence.lower()
+                    or "available gpus" in evidence.lower()):
                 tp = numbers.get("config_tensor_parallel_size")
                 if tp:
                     numbers["required_gpus"] = tp * (numbers.get("config_pipeline_parallel_size") or 1)
@@ -189,7 +220,8 @@ class Classifier:
         numbers = _public(self._with_engine(dict(self._numbers)))
         if self._terminated or self._stopping:
             return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
-                             "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); nothing failed.")
+                             "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); "
+                             "nothing failed.")
         unknown = self._last_exc or self._exc_after_wrapper
         if self._open_traceback and not unknown:
             unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"
@@ -202,7 +234,8 @@ class Classifier:
         if unknown and (exited or not self._serving):
             how = f"{exits.describe(exit_code)} after" if exited else "The start-up ended with"
             return Diagnosis(Kind.UNKNOWN_FAILURE, _trim(unknown), numbers, phase,
-                             f"{how} a failure no rule of this tool names; the evidence is its root cause's exception line.")
+                             f"{how} a failure no rule of this tool names; the evidence is its root cause's "
+                             "exception line.")
         if exited:
             return Diagnosis(Kind.UNKNOWN_FAILURE, exits.describe(exit_code), numbers, self.phase,
                              f"{exits.describe(exit_code)} and printed no failure this tool recognises.")
@@ -228,9 +261,8 @@ class Classifier:
                         break
             if level != _RAW:
                 self._from_vllm = True
-            if joined and level == _INFO:
-                pasted = None       # an INFO line joined to what may be the next record: never a failure
-            self._line(text, level, rank, pasted)
+            # an INFO line joined to what may be the next record: never a failure (None)
+            self._line(text, level, rank, None if joined and level == _INFO else pasted)
         if self._best is not before and self._best is not None and not self._announced and not self._best.quiet:
             self._announced = True
             return self._verdict(None)
@@ -294,7 +326,7 @@ class Classifier:
             return   # traceback source lines never carry a failure of their own
         self._check(text, level, rank)
 
-    def _frame(self, m: re.Match, stripped: str) -> None:
+    def _frame(self, m: re.Match[str], stripped: str) -> None:
         """A traceback frame: where the failure happened, read from the deepest frame of a known phase."""
         self._open_traceback = "" if self._request else stripped[:200]    # a request's: never the start-up's
         self._from_vllm = True
@@ -326,7 +358,8 @@ class Classifier:
         best = self._best
         if self._after_fatal and best is not None and best.kind is Kind.UNKNOWN_FAILURE and not self._serving:
             if where == "cudagraph":     # the interpreter died inside CUDA-graph capture
-                self._best = best._replace(kind=Kind.OOM_CUDAGRAPH, phase="cudagraph", placed="frames", provisional=False)
+                self._best = best._replace(kind=Kind.OOM_CUDAGRAPH, phase="cudagraph", placed="frames",
+                                           provisional=False)
                 self._after_fatal = False
             elif not weak:               # faulthandler's innermost frame of a known phase
                 self._best = best._replace(phase=where, placed="frames", provisional=False)
@@ -337,7 +370,7 @@ class Classifier:
         self._raise_open = stripped.startswith("raise ") and not stripped.endswith(")")
         if self._request:
             return                       # a request handler raising: that request's error
-        for key, index in _KEYS:
+        for key, _index in _KEYS:
             if key in stripped:
                 self._check(stripped, level, rank, cap=_SOURCE)
                 return
@@ -558,7 +591,8 @@ class Classifier:
             merged = {k: v for k, v in {**best.numbers, **numbers}.items() if k != "grace_s"}
             self._best = Verdict(prio, kind, text, merged, phase, placed, False)
         elif kind is best.kind and prio == best.prio and len(numbers) > len(best.numbers):
-            self._best = best._replace(numbers={**numbers, **best.numbers}, provisional=best.provisional and provisional)
+            self._best = best._replace(numbers={**numbers, **best.numbers},
+                                       provisional=best.provisional and provisional)
 
 
 def _oom_at(where: str, *, frames: bool = False, v0: bool = False) -> tuple[Kind, str]:

@@ -24,7 +24,8 @@ import enum
 import json
 import re
 from collections import Counter
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 # --------------------------------------------------------------------------- bytes -> lines
 MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
@@ -44,6 +45,24 @@ class LineSplitter:
         self.max_line = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
+        # The common chunk (no \r, not inside an over-long line) is cut by bytes.split, in C: a busy vLLM
+        # prints 100,000+ lines a second, and the loop below costs a microsecond a line.
+        if not self._skipping and not self._pending_cr and b"\r" not in data:
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if lines:
+                if self._buf:
+                    lines[0] = bytes(self._buf) + lines[0]
+                if len(rest) <= self.max_line and max(map(len, lines)) <= self.max_line:
+                    self._buf.clear()
+                    self._buf += rest
+                    return lines
+            elif len(self._buf) + len(rest) <= self.max_line:
+                self._buf += rest
+                return []
+        return self._feed_slow(data)
+
+    def _feed_slow(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
         start = 0
         if self._pending_cr and data[:1] == b"\n":
@@ -198,7 +217,7 @@ def _rank_of(proc: str) -> int | None:
     return _RANK_OF[proc]
 
 
-def _headed(m: re.Match, seg: str) -> tuple[str, int, int | None, str | None]:
+def _headed(m: re.Match[str], seg: str) -> tuple[str, int, int | None, str | None]:
     """The record of a line ``_FAST`` matched: one optional process tag, then vLLM's or uvicorn's header."""
     proc = m.group("proc")
     rank = _rank_of(proc) if proc else None
@@ -296,7 +315,8 @@ _LVL_WORD = (r"(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|WARN|ERROR|CRITICAL|ALERT|EM
              r"|debug|info|notice|warning|warn|error|critical|fatal)")
 _STAMPED = re.compile(
     # journald's short-iso / short-iso-precise (before a host and identifier), CRI, docker -t
-    r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:" + _ZONE + r"|(?-i: ?(?:UTC|GMT|[A-Z][A-Z]?[SD]?T)))?)"
+    r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+    r"(?:" + _ZONE + r"|(?-i: ?(?:UTC|GMT|[A-Z][A-Z]?[SD]?T)))?)"
     r"(?:(?P<cri> (?P<stream>stdout|stderr) (?P<tag>[FP])(?: |$))"
     r"|(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))"
     r"|(?P<sep>\t+|\s*\|\s*| |$))", re.I   # (a paste retyped in lower case: "t", "z")
@@ -318,7 +338,8 @@ _RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
 _COMPOSE = re.compile(r"(?P<svc>[A-Za-z0-9][\w.-]*) +\|(?: |$)")
 _PRIORITY = re.compile(r"<[0-7]>")
 # After a console's time stamp: a host and a level, or a level, of the console's own (not vLLM's).
-_CONSOLE_REST = re.compile(r"(?:(?P<host>[\w.-]+)(?:\t+|\s*\|\s*| ))?(?P<lvl>" + _LVL_WORD + r")(?:\t+|\s*\|\s*| )(?!\d\d-\d\d )")
+_CONSOLE_REST = re.compile(r"(?:(?P<host>[\w.-]+)(?:\t+|\s*\|\s*| ))?(?P<lvl>" + _LVL_WORD
+                           + r")(?:\t+|\s*\|\s*| )(?!\d\d-\d\d )")
 _JSON_KEYS = ("log", "MESSAGE", "textPayload", "message", "msg")
 _JSON_TIME = ("time", "timestamp", "__REALTIME_TIMESTAMP", "@timestamp", "ts")
 # The guard's own records (structlog's JSON and console renderings) and its kept-output markers.
@@ -425,6 +446,30 @@ def strip_carriers(line: str) -> _Peeled:
     if found and "ray" in found and text.endswith("across cluster]"):
         text = _RAY_REPEATED.sub("", text)
     return _Peeled(text, tuple(found), ts, stream, partial)
+
+
+# The level word of a line as Python's logging printed it: one of its five names, a whole word (never WARN
+# or FATAL), behind at most vLLM's process tag ("(APIServer pid=7) INFO 11-29 ...", uvicorn's "INFO:  ...").
+_LEVEL_WORD = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):?(?: |$)")
+
+
+def level_word(line: bytes) -> bytes | None:
+    """The logging level a line of vLLM's printed (``b"INFO"``, ...), or None for a line without one (a
+    traceback's, a progress bar). Read behind the prefixes of a carrier too (:func:`strip_carriers`: a
+    vLLM launched through a wrapper that stamps or tags its lines), so the journal's priority of a line
+    is decided by the same reading as the classifier's. Bytes, for the output path: the common line
+    is one regex match, the carriers are looked for only where none matched."""
+    m = _LEVEL_WORD.match(line)
+    if m is not None:
+        return m.group(1)
+    c = line[:1]
+    if not c or c in b" \t" or line.startswith(b"Traceback"):    # a traceback's: never behind a carrier here
+        return None
+    peeled = strip_carriers(line.decode("utf-8", "replace"))
+    if not peeled.carriers:
+        return None
+    m = _LEVEL_WORD.match(peeled.text.encode("utf-8", "replace"))
+    return m.group(1) if m is not None else None
 
 
 def _json_message(text: str) -> tuple[str, str | None, str | None, bool] | None:
@@ -640,7 +685,8 @@ class Normalizer:
                 return [Record(*_headed(m, line))]
         if "\x00" in line:
             line = line.replace("\x00", "")
-        self._out = out = []
+        out: list[Record] = []
+        self._out = out
         if "\r" in line or "\n" in line:
             for seg in _EOL.split(line):
                 if seg:
@@ -656,7 +702,8 @@ class Normalizer:
 
     def flush(self) -> list[Record]:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
-        self._out = out = []
+        out: list[Record] = []
+        self._out = out
         if self._json_buf:
             rest, self._json_buf = self._json_buf, ""
             self._ordered(rest, len(rest), None, None)
@@ -814,7 +861,7 @@ class Normalizer:
         lines = ["".join(text for text, _, _ in entry).lower() for entry in self._held]   # an entry: wrap pieces too
         natural = backwards = 0
         stamps = [m.group(1) for m in map(_VLLM_TIME.search, lines) if m]   # vLLM's own header times
-        for a, b in zip(stamps, stamps[1:]):
+        for a, b in zip(stamps, stamps[1:], strict=False):
             natural += b > a
             backwards += b < a
         for i, text in enumerate(lines):

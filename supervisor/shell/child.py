@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import threading
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from supervisor.core.vllm_text import LineSplitter
 from supervisor.shell import procs
@@ -71,8 +71,9 @@ class Child:
         for line in splitter.close():
             self.on_line(line, name)
 
-    def remember_tree(self) -> None:
-        """Record the launch's processes now (engine and workers), to end or watch them later."""
+    def remember_tree(self, record: bool = True) -> None:
+        """Note the launch's processes now (engine and workers), to end or watch them later; ``record``:
+        in ``launch.json`` too, for the next guard if this one is SIGKILLed."""
         if self.pid is None:
             return
         tree = procs.snapshot_tree(self.pid)
@@ -81,7 +82,7 @@ class Child:
                 self.tree.setdefault(p.pid, p.create_time())
             except Exception:
                 continue
-        if self.state_dir:
+        if self.state_dir and record:
             # A second way for the next guard to find them if this one is SIGKILLed.
             procs.note_tree(self.state_dir, tree)
 
@@ -116,7 +117,7 @@ class Child:
             return None
         import psutil
 
-        self.remember_tree()
+        self.remember_tree(record=False)     # signal first; the disk is written after (it may be full or slow)
         victims = []
         for pid, created in self.tree.items():
             try:
@@ -131,7 +132,7 @@ class Child:
         await procs.end_processes_async(victims, self.pgid, grace, hurry)
         try:
             code = await asyncio.wait_for(self.proc.wait(), timeout=max(grace, 1.0) + 5)
-        except asyncio.TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
+        except TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
             try:
                 os.killpg(self.pgid or self.proc.pid, signal.SIGKILL)
             except OSError:

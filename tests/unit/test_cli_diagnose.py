@@ -53,7 +53,8 @@ def test_human_output_names_kind_evidence_numbers(capsys: pytest.CaptureFixture[
     assert "fit_max_model_len=95632" in out
 
 
-def test_missing_file_is_an_error_but_the_others_are_diagnosed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_missing_file_is_an_error_but_the_others_are_diagnosed(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
     missing = tmp_path / "nope.log"
     assert _run(["--json", str(missing), str(KV)]) == 2
     captured = capsys.readouterr()
@@ -114,7 +115,7 @@ def test_real_command_on_every_fixture() -> None:
     assert done.returncode == 0, done.stderr
     got = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(got) == len(files)
-    for rel, out in zip(files, got):
+    for rel, out in zip(files, got, strict=True):
         want = expected[rel]
         if "exit_code" not in want:
             assert out["kind"] == want["kind"], rel
@@ -172,10 +173,11 @@ Traceback (most recent call last):
   File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 299, in initialize_cache
   File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 480, in raise_if_cache_size_invalid
 ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
-"""
+"""  # noqa: E501  (vLLM's lines as it printed them)
 
 
-def test_a_v0_log_without_its_version_is_healed_by_v0s_rules(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_v0_log_without_its_version_is_healed_by_v0s_rules(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
     """V0 sizes the KV cache (determine_num_available_blocks, profile_run without graphs) before it
     captures CUDA graphs (_warm_up_model, after initialize_cache): eager mode frees no KV memory there.
     At the share the user set, a smaller batch is what frees it: on V0 below 32768 tokens, chunked
@@ -189,7 +191,8 @@ def test_a_v0_log_without_its_version_is_healed_by_v0s_rules(capsys: pytest.Capt
     assert got["remedy"]["flags"] == {"--enable-chunked-prefill": ""}, got["remedy"]
     # the same failure from a V1 engine (its own wording), version hidden too: eager mode first
     v1 = tmp_path / "v1-no-version.log"
-    v1.write_text("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] Available KV cache memory: -2.77 GiB\n"
+    v1.write_text("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] "
+                  "Available KV cache memory: -2.77 GiB\n"
                   "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] EngineCore failed to start.\n"
                   "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] ValueError: No available memory for the "
                   "cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n")

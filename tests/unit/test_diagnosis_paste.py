@@ -17,8 +17,8 @@ import datetime as dt
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -113,7 +113,8 @@ CARRIER_LINES: dict[str, Callable[[str, int], str]] = {
     # gcloud logging read --format='value(timestamp,severity,textPayload)' (tab separated)
     "gcloud": lambda m, i: f"{_rfc3339nano(i)}\t{'ERROR' if i % 2 else 'INFO'}\t{m}",
     # a console that shows time, host and level per entry
-    "console": lambda m, i: f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" | gpu-worker-3 | {'ERROR' if i % 2 else 'INFO'} | {m}",
+    "console": lambda m, i: (f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3]
+                             + f" | gpu-worker-3 | {'ERROR' if i % 2 else 'INFO'} | {m}"),
     "console-zone": lambda m, i: f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" CEST\t{m}",
     # docker's json-file log driver (one object per line, the line's newline kept in "log")
     "docker-json": lambda m, i: json.dumps({"log": m + "\n", "stream": "stderr", "time": _rfc3339nano(i)}),

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.config import GuardConfig, build, flatten
 from supervisor.core.diagnosis import Diagnosis, Kind
@@ -104,14 +106,14 @@ SCENARIOS = [
              outcomes=(fail(Kind.UNKNOWN_FAILURE, "KeyError: 'x'"),) * 3,
              steps=("launch --max-model-len 8192 after 2.0 s", "launch --max-model-len 8192 after 4.0 s",
                     "give up 75: 3 launches in a row failed")),
-    Scenario("the engine dies soon after serving: backoff grows, then failed at the crash-loop limit",
-             config(**{"backoff.crash_loop_limit": 2}), outcomes=(died(Kind.ENGINE_DEAD, 30.0),) * 3,
-             steps=("launch after 2.0 s", "launch after 4.0 s", "give up 75: vLLM died 3 times"),
+    Scenario("the engine dies soon after serving: relaunched at once, then backoff grows, then failed at the "
+             "crash-loop limit", config(**{"backoff.crash_loop_limit": 3}), outcomes=(died(Kind.ENGINE_DEAD, 30.0),) * 4,
+             steps=("launch", "launch after 2.0 s", "launch after 4.0 s", "give up 75: vLLM died 4 times"),
              healthy_after=1),
-    Scenario("a death after a long healthy run starts the count and the backoff afresh",
+    Scenario("a death after a long healthy run starts the count afresh: relaunched at once again",
              config(**{"backoff.crash_loop_limit": 1}),
              outcomes=(died(Kind.ENGINE_DEAD, 30.0), died(Kind.ENGINE_DEAD, 3600.0), died(Kind.ENGINE_DEAD, 30.0)),
-             steps=("launch after 2.0 s", "launch after 2.0 s", "give up 75: vLLM died 2 times"),
+             steps=("launch", "launch", "give up 75: vLLM died 2 times"),
              healthy_after=1),
     Scenario("backoff is capped at backoff.maximum", config(**{"backoff.maximum": 5.0, "max_launches": 9}),
              outcomes=(fail(Kind.ENGINE_DEAD),) * 4,
@@ -123,9 +125,9 @@ SCENARIOS = [
     Scenario("a configuration vLLM refuses: exit 78 at once",
              outcomes=(fail(Kind.CONFIG_ERROR, "vllm: error: unrecognized arguments: --foo"),),
              steps=("give up 78: vLLM refused its configuration",)),
-    Scenario("OOM while serving: the last good flags with half the sequences, after backoff",
+    Scenario("OOM while serving: the last good flags with half the sequences, at once (it had served)",
              config("--max-num-seqs 64"), outcomes=(died(Kind.OOM_RUNTIME, 60.0),),
-             steps=("launch --max-num-seqs 32 after 2.0 s",), healthy_after=1),
+             steps=("launch --max-num-seqs 32",), healthy_after=1),
     Scenario("a restart request: the current flags again, no backoff",
              config("--max-model-len 8192"), outcomes=(Outcome(RESTART),), steps=("launch --max-model-len 8192",)),
     Scenario("a reset request: back to the flags the user asked for",
@@ -155,6 +157,8 @@ def test_scenario(s: Scenario) -> None:
     assert len(said) == len(s.steps) + 1
     for got, want in zip(said[1:], s.steps):
         assert got.startswith(want), f"{got!r} does not start with {want!r}"
+        if want.startswith("launch"):
+            assert (" after " in got) == (" after " in want), f"{got!r}: the wait is not the one written"
 
 
 def _serving(cfg: GuardConfig | None = None) -> tuple[Session, list[State]]:
@@ -167,7 +171,7 @@ def _serving(cfg: GuardConfig | None = None) -> tuple[Session, list[State]]:
 
 
 def _walk_unhealthy_then(end: str) -> list[State]:
-    s, states = _serving(config(**{"backoff.crash_loop_limit": 1}))
+    s, states = _serving(config(**{"backoff.crash_loop_limit": 2}))
     s.unhealthy("HTTP 500")
     if end == "recovers":
         s.recovered()
@@ -175,12 +179,13 @@ def _walk_unhealthy_then(end: str) -> list[State]:
         s.stopping("signal")
     elif end == "restart":
         s.restart(reset=False)
-    else:                       # hung: the watcher ends the launch; twice in a row is a crash loop
+    else:       # hung: the watcher ends the launch; relaunched at once, then after a backoff, then a crash loop
         s.ended(died(Kind.ENGINE_DEAD, 30.0))
-        s.launching()
-        s.healthy({}, 5.0)
-        s.unhealthy("HTTP 500")
-        s.ended(died(Kind.ENGINE_DEAD, 30.0))
+        for _ in range(2):
+            s.launching()
+            s.healthy({}, 5.0)
+            s.unhealthy("HTTP 500")
+            s.ended(died(Kind.ENGINE_DEAD, 30.0))
     return states
 
 
@@ -242,6 +247,44 @@ def test_a_restart_asked_during_backoff_skips_the_wait() -> None:
     assert isinstance(step, Launch) and step.delay > 0 and s.state is State.BACKOFF
     again = s.restart(reset=False)
     assert again.delay == 0 and s.state is State.RESTARTING and s.restarts == 1
+
+
+RUNTIME_KINDS = st.sampled_from([Kind.ENGINE_DEAD, Kind.UNKNOWN_FAILURE, Kind.HEALTHY, Kind.OOM_RUNTIME,
+                                  Kind.INCOMPLETE, Kind.NO_VLLM_OUTPUT])
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=RUNTIME_KINDS, second=RUNTIME_KINDS, served=st.floats(0.0, 1e6), soon=st.floats(0.0, 599.0),
+       window=st.floats(1.0, 3600.0), jitter=st.floats(0.0, 5.0), seed=st.integers(0, 2**32))
+def test_the_first_relaunch_after_serving_is_immediate_and_a_crash_loop_backs_off(
+        first: Kind, second: Kind, served: float, soon: float, window: float, jitter: float, seed: int) -> None:
+    """Time to serve again after an engine death is vLLM's own start-up: no backoff, no jitter, for the
+    first death after serving however long it served; a second death within the crash-loop window of
+    becoming healthy backs off (initial 2 s, plus jitter)."""
+    cfg = config("--max-num-seqs 64", **{"backoff.jitter": jitter, "backoff.crash_loop_window": window,
+                                         "backoff.crash_loop_limit": 5})
+    s = Session(cfg, Facts(), rng=random.Random(seed))
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 10.0)
+    step = s.ended(died(first, served))
+    assert isinstance(step, Launch) and step.delay == 0.0 and s.state is State.RESTARTING
+    s.launching()
+    s.healthy({}, 10.0)
+    again = s.ended(died(second, soon * window / 600.0))       # within the window
+    assert isinstance(again, Launch) and 2.0 <= again.delay <= 2.0 + jitter and s.state is State.BACKOFF
+
+
+def test_a_launch_that_never_served_still_backs_off_after_one_that_did() -> None:
+    """Only a death after serving skips the wait: the relaunch after it failing at start-up backs off."""
+    s = Session(config(), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 10.0)
+    assert s.ended(died(Kind.ENGINE_DEAD, 120.0)).delay == 0.0
+    s.launching()
+    step = s.ended(fail(Kind.ENGINE_DEAD))
+    assert isinstance(step, Launch) and step.delay == 2.0
 
 
 def test_jitter_comes_from_the_random_source_given() -> None:

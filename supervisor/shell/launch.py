@@ -117,6 +117,14 @@ class Watcher:
         self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
         self._nudge.set()
 
+    def _foreign(self, r: ProbeResult) -> None:
+        """The probe's 200 came from another process on vLLM's port: this launch cannot serve there."""
+        d = Diagnosis(Kind.CONFIG_ERROR, evidence=r.error, phase=self.classifier.phase,
+                      detail=f"{r.error}; stop it or give vLLM another --port")
+        self.first_fatal = self._own_fatal = d
+        self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
+        self._nudge.set()
+
     def __post_init__(self) -> None:
         self._grace_phase: str | None = None
         self._nudge = asyncio.Event()
@@ -172,6 +180,8 @@ class Watcher:
                         elif failures:
                             self.hooks.on_recovered()
                         failures = 0
+                    elif r.foreign and healthy_at is None and self.first_fatal is None:
+                        self._foreign(r)          # another server answers on vLLM's port: end this launch now
                     elif healthy_at is not None:
                         failures += 1
                         self.hooks.on_unhealthy(r.error or f"HTTP {r.status}")

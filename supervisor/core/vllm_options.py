@@ -149,11 +149,6 @@ def all_options() -> frozenset[str]:
     return frozenset(data.OPTIONS)
 
 
-def always_valueless() -> frozenset[str]:
-    """Options that take no value in every release that has them (switches, ``--no-`` forms)."""
-    return frozenset(n for n, spans in data.OPTIONS.items() if all(s[2] in ("0", "b") for s in spans))
-
-
 # -- reading the user's arguments as vLLM does ---------------------------------------------------
 
 @dataclass(frozen=True)

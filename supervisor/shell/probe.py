@@ -6,7 +6,7 @@ request answered 200 with a choice. A model without a chat template falls back t
 refused during start-up means "still loading" (vLLM binds early but listens only when ready).
 
 A 200 counts only when the server that gave it is this launch's own vLLM (:func:`answered_by`): on
-a port another vLLM holds (a second guard given the same ``--port``; vLLM 0.8-0.29 even share a
+a port another vLLM holds (a second guard given the same ``--port``; vLLM 0.7.3-0.24 even share a
 port with ``SO_REUSEPORT``), its answer proves nothing about this launch.
 """
 

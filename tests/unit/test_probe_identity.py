@@ -2,7 +2,7 @@
 
 Real servers in child processes, each answering a chat completion with its own pid: the probe's
 verdict must say "ours" exactly when the pid that answered is the launch's. Two servers share one
-port with ``SO_REUSEPORT`` (as vLLM 0.8-0.29 bind it), so the kernel hands each new connection to
+port with ``SO_REUSEPORT`` (as vLLM 0.7.3-0.24 bind it), so the kernel hands each new connection to
 either: the verdict follows the connection, not the port.
 """
 

@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
     live = None
     as_json = {"json": True, "console": False}.get(cfg.log_format)
     if not cfg.quiet and sys.stderr.isatty() and as_json is not True:
-        from supervisor.shell.live import LiveLine, proxy
+        from supervisor.shell.live import attach
 
-        live = LiveLine(sys.stderr)
-        logs.configure_logging(json=as_json, level=cfg.log_level, stream=proxy(live))
+        live, stream = attach()
+        logs.configure_logging(json=as_json, level=cfg.log_level, stream=stream)
     else:
         logs.configure_logging(json=as_json, level=cfg.log_level)
     guard = Guard(cfg, live=live)
@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(guard.run())
     except KeyboardInterrupt:      # a second Ctrl-C while stopping
         return 130
+    finally:
+        if live is not None:
+            live.close()
 
 
 def dry_run(cfg: config.GuardConfig) -> int:

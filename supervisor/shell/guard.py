@@ -30,6 +30,7 @@ from supervisor.config import GuardConfig, default_state_dir
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags
 from supervisor.core.lifecycle import State
+from supervisor.core.progress import Progress, last_failure, seconds_text, summary
 from supervisor.core.session import FAILED, STOPPED, End, Launch, Outcome, Session
 from supervisor.errors import EX_SOFTWARE, ConfigError, GuardError, Refused
 from supervisor.facts import preflight
@@ -78,6 +79,9 @@ class Guard:
         self._lock: statedir.StateDirLock | None = None
         self._keys: statedir.StoreKeys | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.progress: Progress | None = None   # the current launch's, in words
+        self._stop_asked: tuple[float, str] | None = None   # when the first stop came, and what kills now
+        self._told: tuple[str, float] = ("", 0.0)            # systemd's last STATUS= and when
 
     # -- entry point ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -103,10 +107,12 @@ class Guard:
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
             watchdog.cancel()
-            if self.live is not None:
+        try:
+            log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
+                     exit_code=self.exit_code)
+        finally:
+            if self.live is not None:     # the exit line above is now the last line, the live line gone
                 self.live.close()
-        log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
-                 exit_code=self.exit_code)
         return self.exit_code
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
@@ -235,6 +241,7 @@ class Guard:
         n, argv = s.launches, c.launch_argv(flags)
         self.output.launch(n, self.report.launching(n, argv, s.notes))
         self._watcher = None
+        self.progress = self.report.progress = Progress(n, time.time())
         taken = await asyncio.to_thread(port_taken, self.host, self.port, self.state_dir)
         if taken is not None:
             return Outcome(FAILED, taken)
@@ -245,12 +252,13 @@ class Guard:
         prober = Prober(self.host, self.port, flags.get("--served-model-name") or c.model,
                         api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"), timeout=c.health.timeout,
                         identity=lambda port, client: answered_by(child.pid, marker, port, client))
-        hooks = LaunchHooks(on_line=self.output.line, on_healthy=self._on_healthy, on_probe=self.report.probe,
+        hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy, on_probe=self.report.probe,
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
         self.child = child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
-                                          bounds=s.check_auto_fit, hurry=self._hurry, clean=self.output.mask)
+                                          bounds=s.check_auto_fit, hurry=self._hurry, clean=self.output.mask,
+                                          progress=self.progress)
         child.on_line = watcher.line
         try:
             async with gpus.turn(c.startup_timeout) as ours:
@@ -293,14 +301,37 @@ class Guard:
     def _command(self, cmd: str, args: dict[str, Any]) -> None:
         if cmd == "stop":
             if self._stop.is_set():
+                if not self._hurry.is_set() and self._vllm_running():
+                    log.warning("asked to stop again: killing vLLM now")
                 self._hurry.set()           # asked twice: do not wait for vLLM's grace
+            else:
+                self._stopping(args.get("signal"))
             self._stop.set()
         self._control.put_nowait((cmd, args))
 
+    def _vllm_running(self) -> bool:
+        return self.child is not None and self.child.pid is not None and self.child.returncode is None
+
+    def _stopping(self, sig: Any) -> None:
+        """The first stop: say what happens now, for how long, and how to cut it short."""
+        again = ("Ctrl-C again" if sig == signal.SIGINT else
+                 "`vllm-guard stop` again" if sig is None else "a second stop signal")
+        self._stop_asked = (time.monotonic(), again)
+        why = "asked over the status endpoint" if sig is None else f"{signal.Signals(sig).name}"
+        if self._vllm_running():
+            log.warning(f"stopping vLLM (up to {self.cfg.stop_grace:g} s; {again} to kill now) [{why}]")
+        else:
+            log.info(f"stopping [{why}]")
+        self._refresh(force=True)
+
+    def _on_line(self, line: bytes, stream: str) -> None:
+        self.output.line(line, stream)
+        self.report.vllm_line(line)
+
     def _on_state(self, state: State, why: str) -> None:
         log.debug("state", state=state.value, why=why)
-        self.notifier.status(f"{state.value}: {why}" if why else state.value)
         self.report.metrics.set_state(state.value)
+        self._tell_systemd(state.value, force=True)
 
     def _on_healthy(self, seconds: float) -> None:
         s, w, gpus = self.session, self._watcher, self.gpus
@@ -324,20 +355,43 @@ class Guard:
         while True:
             now = time.monotonic()
             self._heartbeat = now
-            self._refresh_live()
+            self._refresh()
             interval = self.notifier.watchdog_interval()
             if interval and now >= next_ping:
                 self.notifier.watchdog()
                 next_ping = now + interval
             await asyncio.sleep(min(interval or 1.0, 1.0))
 
-    def _refresh_live(self) -> None:
-        if self.live is None or self.session is None:
+    def _refresh(self, force: bool = False) -> None:
+        """Once a second: the live line and systemd's STATUS= follow the launch's progress."""
+        if self.session is None:
             return
-        s, w, record = self.session, self._watcher, self.report.history.current
-        started = record["started_at"] if record else time.time()
-        self.live.update(render(max(1, s.launches), w.classifier.phase if w else "launching", self.live.progress,
-                                {k: v.value or "" for k, v in s.notes.items()}, time.time() - started, s.state.value))
+        s = self.session
+        progress = self.progress.to_dict(time.time()) if self.progress is not None else None
+        if self.live is not None:
+            stopping = ""
+            if self._stop_asked is not None:
+                since, again = self._stop_asked
+                stopping = (f"stopping vLLM, {seconds_text(time.monotonic() - since)} of up to "
+                            f"{self.cfg.stop_grace:g} s ({again} to kill now)"
+                            if self._vllm_running() and not self._hurry.is_set() else "stopping")
+            self.live.update(render(s.state.value, progress, {k: v.value or "" for k, v in s.notes.items()},
+                                    stopping=stopping), force=force)
+        self._tell_systemd(s.state.value)
+
+    def _tell_systemd(self, state: str, force: bool = False) -> None:
+        """STATUS= with the phase, elapsed time, vLLM's URL and the last failure: on each change of state or
+        phase, and every 5 s while a launch starts (the elapsed time)."""
+        if not self.notifier.enabled:
+            return
+        progress = self.progress.to_dict(time.time()) if self.progress is not None else None
+        text = summary(state, progress, self.report.url(), last_failure(self.report.history.records),
+                       (self.report.context or {}).get("served"))
+        told, at = self._told
+        head = lambda t: t.split(", ", 2)[:2]  # noqa: E731 - the state and phase, without the seconds
+        if text != told and (force or head(text) != head(told) or time.monotonic() - at >= 5.0):
+            self.notifier.status(text)
+            self._told = (text, time.monotonic())
 
     # -- what the status endpoint serves ------------------------------------------------------
     def alive(self) -> bool:
@@ -349,7 +403,8 @@ class Guard:
 
     def snapshot(self) -> dict[str, Any]:
         return self.report.status(self.session, pid=self.child.pid if self.child is not None else None,
-                                  gpus=self.gpus.snapshot if self.gpus else [], exit_reason=self.exit_reason)
+                                  gpus=self.gpus.snapshot if self.gpus else [], exit_reason=self.exit_reason,
+                                  numbers=self._watcher.classifier.numbers if self._watcher is not None else {})
 
 
 async def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:

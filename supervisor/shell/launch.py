@@ -18,6 +18,7 @@ from supervisor.config import GuardConfig
 from supervisor.core import exits
 from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.progress import Progress
 from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
 from supervisor.shell import procs
 from supervisor.shell.child import Child
@@ -83,6 +84,7 @@ class Watcher:
     bounds: Bounds | None = None
     hurry: threading.Event | None = None    # set by a second stop request: SIGKILL without the grace
     clean: Callable[[bytes], bytes] | None = None   # masks secrets in each line
+    progress: Progress | None = None        # where the launch is, in words (fed here, read by the guard)
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
@@ -90,6 +92,8 @@ class Watcher:
             line = self.clean(line)       # secrets out before anything keeps or shows the line
         self.hooks.on_line(line, stream)
         d = self.classifier.feed(line)
+        if self.progress is not None:
+            self.progress.line(line, self.classifier.phase)
         if d is not None and self.first_fatal is None:
             self.first_fatal = d
             # A failure vLLM only warns about and then waits on (a Ray placement group short of
@@ -172,10 +176,14 @@ class Watcher:
                     r = probe_task.result()
                     probe_task = None
                     self.hooks.on_probe(r)
+                    if self.progress is not None:
+                        self.progress.probed(r.status is not None)
                     if r.ok:
                         if healthy_at is None:
                             healthy_at = time.monotonic()
                             self.child.remember_tree()
+                            if self.progress is not None:
+                                self.progress.healthy(healthy_at - started)
                             self.hooks.on_healthy(healthy_at - started)
                         elif failures:
                             self.hooks.on_recovered()

@@ -112,7 +112,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     if journal:
         processors.append(_journald_prefix)
     renderer: Any = (structlog.processors.JSONRenderer(sort_keys=False) if as_json
-                     else structlog.dev.ConsoleRenderer(colors=_isatty(stream)))
+                     else structlog.dev.ConsoleRenderer(colors=_isatty(stream) and not os.environ.get("NO_COLOR")))
     processors.append(_PriorityRenderer(renderer) if journal else renderer)
 
     out = _Tolerant(stream)

@@ -52,8 +52,7 @@ class VllmOutput:
         self._keep(line)
         if not self.quiet:
             if self.live is not None:
-                self.live.note_progress(line)
-                self.live.above(line, sys.stdout if stream == "stdout" else sys.stderr)
+                self.live.above(line, stream)
             else:
                 passthrough(line, stream)
         return line

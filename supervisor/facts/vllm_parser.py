@@ -215,6 +215,13 @@ def _install_stubs(version):
         AutoConfig.register = staticmethod(register_again)
     except Exception:  # noqa: BLE001 - no transformers here: nothing to let
         pass
+    try:   # 0.17 asks torch's CPU backend a question newer torch builds no longer answer
+        import torch
+
+        if not hasattr(torch._C._cpu, "_is_avx512_supported"):
+            torch._C._cpu._is_avx512_supported = lambda: False
+    except Exception:  # noqa: BLE001 - no torch here
+        pass
     sys.meta_path[:] = [_Hider() if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
     sys.meta_path.append(_Finder())
     real_version = metadata.version

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -79,8 +80,10 @@ def _engine(pid: int) -> psutil.Process:
     raise RuntimeError(f"no VLLM::EngineCore under pid {pid}")
 
 
-def one_run(speed: float = 0.05, real: bool = False, timeout: float = 300.0) -> dict[str, float]:
-    """One fresh guard: serve, kill the engine, serve again; the figures in seconds."""
+def one_run(speed: float = 0.05, real: bool = False, timeout: float = 300.0,
+            keep_log: str | None = None) -> dict[str, float]:
+    """One fresh guard: serve, kill the engine, serve again; the figures in seconds (``keep_log``: copy
+    the guard's output there)."""
     with tempfile.TemporaryDirectory(prefix="vg-again-") as tmp:
         state = os.path.join(tmp, "state")
         argv = [sys.executable, "-m", "supervisor", "start", "--port", str(_free_port()),
@@ -112,6 +115,8 @@ def one_run(speed: float = 0.05, real: bool = False, timeout: float = 300.0) -> 
                     except subprocess.TimeoutExpired:
                         proc.kill()
                         proc.wait()
+                if keep_log:
+                    shutil.copy(os.path.join(tmp, "guard.log"), keep_log)
     cold = first["started_at"] + first["time_to_healthy_s"] - t_start
     again = second["started_at"] + second["time_to_healthy_s"] - t_kill
     own = second["time_to_healthy_s"]

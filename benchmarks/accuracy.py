@@ -23,8 +23,9 @@ import csv
 import dataclasses
 import os
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from supervisor.core import memory as M
 from supervisor.core import vllm
@@ -181,13 +182,14 @@ def evaluate(records: list[dict[str, str]] | None = None, *, validate: bool = Tr
     for rec in records:
         info = model_of(rec)
         b, split, kw = predict(rec)
-        g = lambda k: None if _f(rec.get(k)) is None else _f(rec[k]) * GiB  # noqa: E731
+        g = lambda k, rec=rec: None if _f(rec.get(k)) is None else _f(rec[k]) * GiB  # noqa: E731
         kvk = kv_kwargs(rec, info)
         real = {"weights": g("obs_weights_gib"), "activation": g("obs_activation_gib"),
                 "non_torch": g("obs_non_torch_gib"), "kv": g("obs_kv_gib"), "tokens": _i(rec.get("obs_kv_tokens")),
                 "cudagraph": g("obs_cudagraph_gib") if _graph_inputs(rec) else None}
         now = {"weights": split.weights_bytes, "activation": split.activation_bytes,
-               "non_torch": split.non_torch_bytes, "kv": split.kv_bytes if rec["id"] in NON_DRIVER_SPLIT else b.kv_bytes,
+               "non_torch": split.non_torch_bytes,
+               "kv": split.kv_bytes if rec["id"] in NON_DRIVER_SPLIT else b.kv_bytes,
                "tokens": M.kv_cache_tokens(max(0, b.kv_bytes), info, **kvk),
                "cudagraph": M.cudagraph_estimate_bytes(info, vllm_version=kw["vllm_version"],
                                                        tokens=b.max_num_batched_tokens, seqs=b.max_num_seqs,

@@ -139,9 +139,11 @@ def serve_again(runs: int = 5, speed: float = 0.05, real: bool = False) -> dict[
 
 def row(d: dict[str, Any]) -> dict[str, str]:
     """One line of the report's table."""
-    return {"measure": f"time to serve again after the engine is SIGKILLed, {d['vllm']} ({d['runs']} runs, fresh guards)",
-            "figure": f"median {d['again_s']} s = {d['ratio']:.2f} x a cold start ({d['cold_s']} s); vLLM's own "
-                      f"start-up {d['vllm_start_s']} s, the guard added {d['added_s']} s (at most {d['added_max_s']} s)"}
+    return {"measure": (f"time to serve again after the engine is SIGKILLed, {d['vllm']} "
+                        f"({d['runs']} runs, fresh guards)"),
+            "figure": (f"median {d['again_s']} s = {d['ratio']:.2f} x a cold start ({d['cold_s']} s); vLLM's own "
+                       f"start-up {d['vllm_start_s']} s, the guard added {d['added_s']} s "
+                       f"(at most {d['added_max_s']} s)")}
 
 
 if __name__ == "__main__":

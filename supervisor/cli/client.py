@@ -17,20 +17,27 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, TextIO
+from typing import Any, TextIO
 
 import httpx
 import psutil
 
 from supervisor import config
 from supervisor.core.progress import PHASE_TEXT, last_failure, probe_text, seconds_text
-from supervisor.errors import EX_FAILURE, EX_OK
-from supervisor.shell import auth, history, output, statedir
+from supervisor.errors import EX_FAILURE, EX_OK, StateError
+from supervisor.shell import auth, history, locks, output
 from supervisor.shell.probe import probe_host
+from supervisor.shell.statefiles import read_json
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a snapshot's parts may be missing)."""
+    return value if isinstance(value, Mapping) else {}
+
 
 
 class ClientError(Exception):
@@ -114,8 +121,8 @@ def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
     """``<state_dir>/guard.json``, which a guard writes when its status endpoint listens (``status_port``);
     None when absent or unreadable. It is kept after the guard stops: alone it proves nothing."""
     try:
-        data = statedir.read_json(f"{state_dir}/{statedir.GUARD_INFO}")
-    except statedir.StateError:
+        data = read_json(f"{state_dir}/{locks.GUARD_INFO}")
+    except StateError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -123,11 +130,11 @@ def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
 def live_guard(state_dir: str) -> dict[str, Any] | None:
     """The guard holding ``state_dir`` now: ``{"pid": ...}`` from its lock, with what its guard.json says
     when that pid wrote it (its endpoint); None when no live process holds the lock."""
-    if not statedir.is_running(state_dir):
+    if not locks.is_running(state_dir):
         return None
     try:
-        lock = statedir.read_json(Path(state_dir) / statedir.GUARD_LOCK)
-    except statedir.StateError:
+        lock = read_json(Path(state_dir) / locks.GUARD_LOCK)
+    except StateError:
         lock = None
     pid = lock.get("pid") if isinstance(lock, dict) else None
     if not isinstance(pid, int) or not pid_alive(pid):
@@ -266,7 +273,7 @@ def _probe(snap: Mapping[str, Any]) -> str:
     p = snap.get("last_probe") or snap.get("probe")
     if not isinstance(p, Mapping):
         return "none yet"
-    progress = snap.get("progress") if isinstance(snap.get("progress"), Mapping) else {}
+    progress = _mapping(snap.get("progress"))
     text = probe_text(p, str(snap.get("state", "")), progress.get("elapsed_s"))
     at = p.get("at")
     if isinstance(at, (int, float)):
@@ -309,7 +316,7 @@ def render_human(snap: Mapping[str, Any]) -> str:
     probe, context, the last failure (and whether it was healed), changed flags."""
     launches = snap.get("launches") or []
     rows = [("state", _state(snap))]
-    vllm = snap.get("vllm") if isinstance(snap.get("vllm"), Mapping) else {}
+    vllm = _mapping(snap.get("vllm"))
     if vllm.get("url"):
         rows.append(("vllm", str(vllm["url"]) + (f" (vLLM {vllm['version']})" if vllm.get("version") else "")))
     rows += [
@@ -317,7 +324,8 @@ def render_human(snap: Mapping[str, Any]) -> str:
         ("pid", str(snap.get("pid") or "-")
          + (f" (guard {snap['guard_pid']})" if snap.get("guard_pid") else "")),
         ("uptime", _duration(snap.get("uptime_s", snap.get("uptime")))),
-        ("launches", str(len(launches)) + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
+        ("launches", str(len(launches))
+         + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
         ("probe", _probe(snap)),
     ]
     context = snap.get("context")
@@ -426,7 +434,7 @@ def _stamp(when: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
 
 
-def history_lines(records: list[Mapping[str, Any]], guard: Mapping[str, Any] | None = None) -> Iterator[str]:
+def history_lines(records: Sequence[Mapping[str, Any]], guard: Mapping[str, Any] | None = None) -> Iterator[str]:
     """The history as a person reads it: a heading for each guard run, then one line a launch saying what
     happened in order (``healthy in 6 s, served 3 min 10 s, then restarted on request``)."""
     run = object()
@@ -482,7 +490,8 @@ def _history_line(r: Mapping[str, Any], alive: bool = False) -> str:
     line = f"{stamp}  launch {r.get('n')}  {what}"
     changed = r.get("changed_flags") or {}
     if isinstance(changed, Mapping) and changed:
-        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}" for k, v in changed.items()) + "]"
+        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}"
+                                  for k, v in changed.items()) + "]"
     measured = r.get("measured") or {}
     if isinstance(measured, Mapping) and measured.get("kv_cache_tokens"):
         line += f"  KV {measured['kv_cache_tokens']} tokens"
@@ -518,8 +527,7 @@ def run_logs(args: argparse.Namespace, environ: Mapping[str, str], out: Any = No
 def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
     """List the guards on this host."""
     out = sys.stdout if out is None else out
-    rows = [_guard_row(d, pids) for d, pids in _find_guards(args, environ).items()]
-    rows = [r for r in rows if r is not None]
+    rows = [r for r in (_guard_row(d, pids) for d, pids in _find_guards(args, environ).items()) if r is not None]
     if getattr(args, "json", False):
         for r in rows:
             out.write(json.dumps(r) + "\n")
@@ -533,7 +541,7 @@ def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | N
                        r["status"] or "-", r["gpu"] or "-", r["now"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() + "\n")
     return EX_OK
 
 
@@ -550,7 +558,7 @@ def _guard_processes() -> dict[str, list[int]]:
             if p.pid == me or not _is_guard_argv(argv):
                 continue
             dirs = [os.path.dirname(f.path) for f in p.open_files()
-                    if os.path.basename(f.path) == statedir.GUARD_LOCK]
+                    if os.path.basename(f.path) == locks.GUARD_LOCK]
         except psutil.AccessDenied:
             dirs = _declared_state_dir(p, argv)
         except psutil.Error:
@@ -604,7 +612,8 @@ def _find_guards(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[s
             pass
     for d in dirs:
         d = os.path.abspath(os.path.expanduser(d))
-        if d not in found and ((Path(d) / statedir.GUARD_INFO).exists() or (Path(d) / statedir.GUARD_LOCK).exists()):
+        marks = (Path(d) / locks.GUARD_INFO, Path(d) / locks.GUARD_LOCK)
+        if d not in found and any(os.path.lexists(p) for p in marks):
             found[d] = []
     return found
 

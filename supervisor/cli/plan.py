@@ -16,7 +16,8 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from supervisor.core.flags import parse_int
 from supervisor.core.gpus import check_gpu_count, cuda_total_bytes, gpu_spec, sizing_device, visible

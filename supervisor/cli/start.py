@@ -15,7 +15,8 @@ import os
 import random
 import shlex
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, TextIO, cast
 
 from supervisor import config
 from supervisor.errors import EX_OK, EX_USAGE, GuardError
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         from supervisor.shell.live import attach
 
         live, stream = attach()
-        logs.configure_logging(json=as_json, level=cfg.log_level, stream=stream)
+        logs.configure_logging(json=as_json, level=cfg.log_level, stream=cast(TextIO, stream))
     else:
         logs.configure_logging(json=as_json, level=cfg.log_level)
     guard = Guard(cfg, live=live)
@@ -123,13 +124,14 @@ def dry_run(cfg: config.GuardConfig) -> int:
     from supervisor.core.session import Session
     from supervisor.facts import preflight
     from supervisor.facts.nvml import NvmlProvider
-    from supervisor.shell import auth, statedir
+    from supervisor.shell import auth, learned
 
     try:
         checked = preflight.check(cfg, os.environ)
         gathered = facts.gather(cfg, os.environ, NvmlProvider())
         state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or config.default_state_dir(os.environ)))
-        found, _key = statedir.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn else (gathered.facts, None)
+        found, _key = (learned.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn
+                       else (gathered.facts, None))
     except GuardError as e:
         what = "configuration error: " if isinstance(e, config.ConfigError) else ""
         print(f"vllm-guard: {what}{e}", file=sys.stderr)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from supervisor.core import vllm
-from supervisor.core.model import ModelInfo, QuantScheme, Shape, checkpoint_bytes, quant_scheme, weight_parts
 from supervisor.core.gpus import sm_count
+from supervisor.core.model import ModelInfo, QuantScheme, Shape, checkpoint_bytes, quant_scheme, weight_parts
 from supervisor.core.units import GiB, MiB
 
 _FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8")
@@ -192,7 +193,7 @@ def fit_max_model_len(kv_budget_bytes: int, info: ModelInfo, *, tp: int = 1, kv_
     (:func:`kv_cache_tokens`): a length the cache holds in every layer at once.
     """
     hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
-    kw = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    kw: dict[str, Any] = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
     avail = usable_kv_bytes(kv_budget_bytes, info, vllm_version=vllm_version, hybrid=hybrid, **kw)
     if avail <= 0:
         return 0
@@ -614,7 +615,7 @@ class Budget:
     cudagraph_bytes: int               # inside the budget (0.20+); see cudagraph_outside_bytes
     other_processes_bytes: int
     kv_bytes: int
-    exact: bool = False                # True when the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
+    exact: bool = False                # the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
     family: str = ""
     band_bytes: int = 0
     cudagraph_outside_bytes: int = 0   # room graphs need outside the budget (before 0.20)
@@ -686,7 +687,7 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
     cc = compute_capability or gpu_compute_capability(device_name)
     if kv_cache_memory_bytes or (platform == "cpu" and cpu_kv_space_gib is not None):
         weights = int((info.weights_bytes or 0) / (tp * pp))
-        kv = int(kv_cache_memory_bytes or cpu_kv_space_gib * GiB)
+        kv = int(kv_cache_memory_bytes or cast(float, cpu_kv_space_gib) * GiB)
         return Budget(total, utilization, requested, weights, 0, 0, 0, 0, kv, exact=True, family=fam)
     if platform == "cpu":
         # 0.32 CPU auto mode: ceil(total*util) minus the worker's RSS (weights + ~1 GiB of runtime).
@@ -765,7 +766,7 @@ def measured_overhead_bytes(*, gpu_total_bytes: int, utilization: float, weights
             kv = int(num_gpu_blocks) * per_block
         else:
             groups = len(kv_groups(info, pp=pp, hybrid=hybrid).kinds)
-            kv = int(kv_cache_tokens) // block_size * groups * per_block
+            kv = int(cast(int, kv_cache_tokens)) // block_size * groups * per_block
     if kv is None:
         return None
     return int(requested - int(weights_bytes) - int(kv))

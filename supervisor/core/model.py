@@ -67,7 +67,7 @@ class ModelInfo:
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # the resolved config
 
     @functools.cached_property
-    def shape(self) -> "Shape":
+    def shape(self) -> Shape:
         """The shape the weight and activation formulas read (from the config, else these fields)."""
         if self.config:
             return shape_from_config(self.config)
@@ -304,7 +304,8 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
         moe_count = len(cfg["moe_layers"]) if isinstance(cfg.get("moe_layers"), list) and cfg["moe_layers"] \
             else L // step
         dense, shared, dense_i = L - moe_count, moe_i, _int(cfg, "intermediate_size_mlp") or inter
-    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    vision_config = config.get("vision_config")
+    vision: dict[str, Any] = vision_config if isinstance(vision_config, dict) else {}
     archs = " ".join(str(a) for a in (config.get("architectures") or ()))
     partial = cfg.get("partial_rotary_factor")
     if not isinstance(partial, (int, float)) and isinstance(cfg.get("rope_parameters"), dict):

@@ -10,13 +10,24 @@ the rest of the share is then the activation, non-torch and graph memory togethe
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from supervisor.core import memory as M
 from supervisor.core import vllm
-from supervisor.core.flags import (CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES, MAX_BATCHED_TOKENS, MAX_MODEL_LEN,
-                                   MAX_NUM_SEQS, PIPELINE_PARALLEL, TENSOR_PARALLEL, UTILIZATION, CHUNKED_PREFILL,
-                                   Flags)
+from supervisor.core.flags import (
+    CHUNKED_PREFILL,
+    CPU_OFFLOAD,
+    ENFORCE_EAGER,
+    KV_CACHE_BYTES,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    PIPELINE_PARALLEL,
+    TENSOR_PARALLEL,
+    UTILIZATION,
+    Flags,
+)
 from supervisor.core.plan import Sizing
 from supervisor.core.units import GiB
 
@@ -57,7 +68,9 @@ def planned(sizing: Sizing | None, flags: Flags, *, total_gib: float | None, fre
                         measured_weights_bytes=sizing.measured_weights_bytes)
     except (ValueError, ZeroDivisionError, TypeError):
         return None
-    g = lambda n: n / GiB  # noqa: E731
+    def g(n: int) -> float:
+        return n / GiB
+
     parts = [("weights", g(b.weights_bytes)), ("activation", g(b.activation_bytes)),
              ("non_torch", g(b.non_torch_bytes)), ("cudagraph", g(b.cudagraph_bytes)),
              ("other_processes", g(b.other_processes_bytes)), ("kv_cache", g(max(0, b.kv_bytes)))]
@@ -73,7 +86,8 @@ def printed(numbers: Mapping[str, Any], *, total_gib: float | None, utilization:
     if not isinstance(weights, (int, float)) or not isinstance(kv, (int, float)) or not total:
         return None
     share = float(total) * float(utilization or 0.9)
-    graphs = numbers.get("cudagraph_gib") if isinstance(numbers.get("cudagraph_gib"), (int, float)) else 0.0
+    graphs_printed = numbers.get("cudagraph_gib")
+    graphs = float(graphs_printed) if isinstance(graphs_printed, (int, float)) else 0.0
     rest = share - float(weights) - float(kv) - float(graphs) - other_gib
     parts = [("weights", float(weights)), ("overhead", rest), ("cudagraph", float(graphs)),
              ("other_processes", other_gib), ("kv_cache", float(kv))]

@@ -11,8 +11,9 @@ the first launch the guard would make (:func:`supervisor.core.plan.fit_launch`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from supervisor.core import memory as M
 from supervisor.core import vllm
@@ -210,7 +211,7 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
     for u in utils:
         b = s.budget(u, tp=tp, pp=pp, eager=enforce_eager)
         for d in dtypes:
-            kw = dict(tp=tp, pp=pp, kv_cache_dtype=d, block_size=block, vllm_version=vllm_version,
+            kw: dict[str, Any] = dict(tp=tp, pp=pp, kv_cache_dtype=d, block_size=block, vllm_version=vllm_version,
                       max_num_batched_tokens=b.max_num_batched_tokens or 2048, dtype=dtype)
             capacity = M.fit_max_model_len(b.kv_bytes, info, **kw)
             printed = M.kv_cache_tokens(max(b.kv_bytes, 0), info, tp=tp, pp=pp, kv_cache_dtype=d, block_size=block,
@@ -222,7 +223,7 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
             free_ok = not checks or free >= b.requested_bytes
             weights_ok = b.exact or b.weights_bytes < b.requested_bytes
 
-            def verdict(n: int) -> tuple[bool, bool]:
+            def verdict(n: int, free_ok: bool = free_ok, weights_ok: bool = weights_ok) -> tuple[bool, bool]:
                 return (free_ok and weights_ok and n >= floor), n >= target
 
             starts, fits_target = verdict(capacity)
@@ -316,8 +317,8 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
                        vllm_version=vllm_version, platform=platform, cpu_kv_space_gib=cpu_kv_space_gib,
                        compute_capability=cc, device_name=device_name, min_model_len=min_model_len)
     start = flags
-    for name, value in first.flags.items():
-        start = start.set(name, value)
+    for name, planned in first.flags.items():
+        start = start.set(name, planned)
     if not start.has("--gpu-memory-utilization") and platform != "cpu":
         start = start.set("--gpu-memory-utilization", default_u)
     if not start.has("--max-model-len"):

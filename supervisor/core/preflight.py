@@ -10,7 +10,7 @@ repo id, a remote URI.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from supervisor.core import vllm
 from supervisor.core.vllm_options import Options, explain, unknown_options

@@ -9,8 +9,9 @@ go to the live line, ``/status``, ``vllm-guard status`` and ``ps``, and systemd'
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 #: The classifier's phases (``diagnosis.PHASES``) as a person reads them.
 PHASE_TEXT = {

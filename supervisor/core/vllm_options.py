@@ -18,8 +18,9 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from supervisor.core import vllm_flags_data as data
 
@@ -40,7 +41,15 @@ def version_key(version: str) -> tuple[Any, ...] | None:
     return (nums, pre, int(m.group(3) or 0), int(m.group(4) or 0), dev)
 
 
-_RELEASE_KEYS = [version_key(r) for r in data.RELEASES]
+def _release_key(release: str) -> tuple[Any, ...]:
+    """The key of a release of the table (every one is a plain release string)."""
+    key = version_key(release)
+    if key is None:
+        raise ValueError(f"the flag table names a release that is no version: {release!r}")
+    return key
+
+
+_RELEASE_KEYS = [_release_key(r) for r in data.RELEASES]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, cast
 
 from supervisor.core.model import ModelInfo, model_info_from_config
 from supervisor.core.model_config import Resolution, from_transformers
@@ -144,7 +145,7 @@ def load_model_info(model: str, *, revision: str | None = None, online: bool | N
         return None
     path = os.path.expanduser(model)
     if os.path.isfile(path) and os.path.basename(path).endswith(".json"):
-        directory = os.path.dirname(os.path.abspath(path))
+        directory: str | None = os.path.dirname(os.path.abspath(path))
         config = _read_json(path)
     elif os.path.isdir(path):
         directory = os.path.abspath(path)
@@ -163,6 +164,7 @@ def load_model_info(model: str, *, revision: str | None = None, online: bool | N
             return model_info_from_config(config, name=model, path=None)
     if config is None:
         return None
+    directory = cast(str, directory)      # None only where config is None too
     config = _with_quantization_file(config, directory)
     weights, source = weights_bytes_in(directory)
     # A config file given under another name is not what transformers would load from its directory.

@@ -6,7 +6,7 @@ and ``--dry-run``. The decisions are :mod:`supervisor.core.preflight`'s.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from supervisor.config import GUARD_OPTION_VARS, GuardConfig
 from supervisor.core import preflight, vllm_options

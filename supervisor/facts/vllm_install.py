@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any
 
 from supervisor.errors import ConfigError
 
@@ -109,7 +110,7 @@ _PARSER_MARKER = "VLLM_GUARD_FLAGS "
 
 
 @functools.lru_cache(maxsize=8)
-def _parser_options(py: str, env: tuple[tuple[str, str], ...], timeout: float) -> tuple[dict | None, str]:
+def _parser_options(py: str, env: tuple[tuple[str, str], ...], timeout: float) -> tuple[dict[str, Any] | None, str]:
     environ = {k: v for k, v in env if k != "VLLM_GUARD_TOKEN"}
     try:
         out = subprocess.run([py, PARSER_SCRIPT], capture_output=True, text=True, timeout=timeout, env=environ,
@@ -134,7 +135,8 @@ def _parser_options(py: str, env: tuple[tuple[str, str], ...], timeout: float) -
     return dump, ""
 
 
-def parser_options(argv: Sequence[str], environ: Mapping[str, str], timeout: float = 120.0) -> tuple[dict | None, str]:
+def parser_options(argv: Sequence[str], environ: Mapping[str, str],
+                   timeout: float = 120.0) -> tuple[dict[str, Any] | None, str]:
     """vLLM's own option list, asked of the vLLM behind ``argv``: its interpreter imports vLLM and builds
     ``vllm serve``'s parser (and the API server's) without parsing anything (seconds: vLLM imports torch).
     For a vLLM newer than the guard's table. ``(dump, "")``, else ``(None, why not)``."""
@@ -181,7 +183,7 @@ _HF_ENV = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CAC
 class ResolvedConfig:
     """One model directory's config as transformers built it in vLLM's environment."""
 
-    config: dict
+    config: dict[str, Any]
     transformers_version: str
 
 

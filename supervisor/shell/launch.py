@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from supervisor.config import GuardConfig
 from supervisor.core import exits
@@ -61,7 +62,7 @@ class LaunchTimers:
     engine_watch_interval: float = 1.0
 
     @classmethod
-    def of(cls, cfg: GuardConfig) -> "LaunchTimers":
+    def of(cls, cfg: GuardConfig) -> LaunchTimers:
         return cls(cfg.startup_timeout, cfg.stall_timeout, cfg.collect_after_fatal, cfg.health.interval,
                    cfg.health.failures, cfg.stop_grace)
 
@@ -70,7 +71,7 @@ class LaunchTimers:
 class LaunchHooks:
     """Callbacks into the guard (all synchronous, cheap)."""
 
-    on_line: Callable[[bytes, str], None] = lambda line, stream: None
+    on_line: Callable[[bytes, str], object] = lambda line, stream: None
     on_healthy: Callable[[float], None] = lambda seconds: None
     on_probe: Callable[[ProbeResult], None] = lambda r: None
     on_unhealthy: Callable[[str], None] = lambda why: None
@@ -83,7 +84,7 @@ class Watcher:
     prober: Prober
     timers: LaunchTimers
     hooks: LaunchHooks
-    control: "asyncio.Queue[tuple[str, dict[str, Any]]]"
+    control: asyncio.Queue[tuple[str, dict[str, Any]]]
     classifier: Classifier = field(default_factory=Classifier)
     first_fatal: Diagnosis | None = None
     fatal_at: float | None = None
@@ -92,6 +93,15 @@ class Watcher:
     hurry: threading.Event | None = None    # set by a second stop request: SIGKILL without the grace
     clean: Callable[[bytes], bytes] | None = None   # masks secrets in each line
     progress: Progress | None = None        # where the launch is, in words (fed here, read by the guard)
+
+    def __post_init__(self) -> None:
+        self._grace_phase: str | None = None
+        self._nudge = asyncio.Event()
+        self._ready_hint = False
+        self._lost: list[int] = []
+        self._lost_at: float | None = None
+        self._probed_fatal = False
+        self._own_fatal: Diagnosis | None = None
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
@@ -136,15 +146,6 @@ class Watcher:
         self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
         self._nudge.set()
 
-    def __post_init__(self) -> None:
-        self._grace_phase: str | None = None
-        self._nudge = asyncio.Event()
-        self._ready_hint = False
-        self._lost: list[int] = []
-        self._lost_at: float | None = None
-        self._probed_fatal = False
-        self._own_fatal: Diagnosis | None = None
-
     async def run(self) -> Outcome:
         t = self.timers
         started = time.monotonic()
@@ -171,16 +172,14 @@ class Watcher:
                     code = exit_task.result()
                     await self.child.drain()
                     # its engine/workers may linger; after serving, nothing of it is worth waiting for
-                    await self.child.stop(t.stop_grace if healthy_at is None else min(t.stop_grace, DEAD_GRACE_S),
-                                          self.hurry)
+                    await self.child.stop(self._grace(healthy_at), self.hurry)
                     return self._ended(code, healthy_at, started, exits.describe(code))
                 # -- a fatal line: collect what follows briefly, then stop without waiting --
                 # (While serving, a fatal-looking line alone does not end a launch that still
                 # answers: the exit, a lost engine process or failed probes decide.)
                 collected = self._collected_by(healthy_at)
                 if collected is not None and now >= collected:
-                    code = await self.child.stop(t.stop_grace if healthy_at is None else min(t.stop_grace, DEAD_GRACE_S),
-                                                 self.hurry)
+                    code = await self.child.stop(self._grace(healthy_at), self.hurry)
                     return replace(self._ended(code, healthy_at, started, "fatal error"), stopped=True)
                 # -- probes: one at a time, never blocking this loop --
                 if probe_task is not None and probe_task.done():
@@ -254,6 +253,10 @@ class Watcher:
                     task.cancel()
             if not exit_task.done():
                 exit_task.cancel()
+
+    def _grace(self, healthy_at: float | None) -> float:
+        """SIGTERM to SIGKILL for what is left of a launch: ``stop_grace``, or :data:`DEAD_GRACE_S` after serving."""
+        return self.timers.stop_grace if healthy_at is None else min(self.timers.stop_grace, DEAD_GRACE_S)
 
     def _collected_by(self, healthy_at: float | None) -> float | None:
         """When the lines after a fatal one have been collected and the launch is stopped (None: not yet

@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 import unicodedata
-from typing import Any, BinaryIO, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 from supervisor.core.progress import seconds_text
 
@@ -157,7 +158,7 @@ class Terminal:
 class _Bytes(io.RawIOBase):
     """``TerminalStream.buffer``: bytes written to it reach the terminal as the stream's own."""
 
-    def __init__(self, stream: "TerminalStream") -> None:
+    def __init__(self, stream: TerminalStream) -> None:
         self._stream = stream
 
     def writable(self) -> bool:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -24,7 +25,7 @@ _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critic
 
 def redact_event(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     """structlog processor: mask secret fields and secret values in every event."""
-    return auth.redact_obj(event)
+    return cast(dict[str, Any], auth.redact_obj(event))
 
 
 def _journald_prefix(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +128,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     for handler in list(root.handlers):
         if getattr(handler, "_vllm_guard", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(out)  # type: ignore[arg-type]
+    handler = logging.StreamHandler(out)
     handler._vllm_guard = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import psutil
@@ -66,8 +67,8 @@ def _serves(c: Any, port: int, client_port: int | None) -> bool:
     if not c.laddr or c.laddr.port != port:
         return False
     if client_port is not None:
-        return bool(c.raddr) and c.raddr.port == client_port
-    return c.status == psutil.CONN_LISTEN
+        return bool(c.raddr) and bool(c.raddr.port == client_port)
+    return bool(c.status == psutil.CONN_LISTEN)
 
 
 def answered_by(root_pid: int | None, marker: str, port: int, client_port: int | None) -> tuple[bool | None, str]:

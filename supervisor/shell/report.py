@@ -12,14 +12,15 @@ import collections
 import os
 import shlex
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
 from supervisor.config import GuardConfig
+from supervisor.core import picture, vllm
 from supervisor.core.exits import describe
 from supervisor.core.flags import UTILIZATION, Flags
-from supervisor.core import picture, vllm
 from supervisor.core.lifecycle import State
 from supervisor.core.progress import Progress, last_failure, probe_text, summary
 from supervisor.core.session import DIED, FAILED, End, FlagNote, Launch, Outcome, Session
@@ -107,7 +108,7 @@ class Report:
         else:
             parts = [_change(c.flag, c.old, c.new) for c in step.changes]
             text = f"{parts[0]} because {step.why}" if len(parts) == 1 else "; ".join(
-                f"{p} ({c.why})" for p, c in zip(parts, step.changes))
+                f"{p} ({c.why})" for p, c in zip(parts, step.changes, strict=True))
             log.warning(f"relaunch {n}: {text}", launch=n, kind=step.reason, changed=[c.flag for c in step.changes])
 
     def healthy(self, s: Session, seconds: float, numbers: dict[str, Any]) -> None:

@@ -23,7 +23,8 @@ import base64
 import hashlib
 import html
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from supervisor.core.lifecycle import State
 from supervisor.core.picture import LABELS
@@ -128,6 +129,11 @@ _SCRIPT = """
 })();
 """.strip() % {"poll": POLL_MS}
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a snapshot's parts may be missing)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 
 def _hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
@@ -163,9 +169,9 @@ def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
 
 def _now(snap: Mapping[str, Any]) -> str:
     state = str(snap.get("state") or "unknown")
-    p = snap.get("progress") if isinstance(snap.get("progress"), Mapping) else {}
-    vllm = snap.get("vllm") if isinstance(snap.get("vllm"), Mapping) else {}
-    probe = snap.get("last_probe") if isinstance(snap.get("last_probe"), Mapping) else {}
+    p = _mapping(snap.get("progress"))
+    vllm = _mapping(snap.get("vllm"))
+    probe = _mapping(snap.get("last_probe"))
     phase = p.get("text") or PHASE_TEXT.get(str(p.get("phase")), p.get("phase"))
     failure = snap.get("last_failure") if isinstance(snap.get("last_failure"), Mapping) else None
     failed = None
@@ -196,7 +202,7 @@ def _context(snap: Mapping[str, Any]) -> str:
 
 
 def _flags(snap: Mapping[str, Any]) -> str:
-    changed = snap.get("changed_flags") if isinstance(snap.get("changed_flags"), Mapping) else {}
+    changed = _mapping(snap.get("changed_flags"))
     if not changed:
         return '<section id="flags"><h2>Changed flags</h2><p class="muted">None: the flags as you gave them.</p></section>'
     rows = []
@@ -221,7 +227,7 @@ def _launches(snap: Mapping[str, Any]) -> str:
         started = r.get("started_at")
         when = time.strftime("%H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "-"
         healthy = _duration(r.get("time_to_healthy_s")) if r.get("time_to_healthy_s") is not None else "-"
-        changed = r.get("changed_flags") if isinstance(r.get("changed_flags"), Mapping) else {}
+        changed = _mapping(r.get("changed_flags"))
         flags = ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}" for k, v in changed.items())
         diagnosis = f"{r.get('kind')}: {r.get('evidence') or ''}" if r.get("kind") else ""
         rows.append(f'<tr><td>{_e(r.get("n"))}</td><td class="nw">{_e(when)}</td><td class="nw {css}">{_e(outcome)}</td>'
@@ -255,7 +261,7 @@ def _bar(picture: Mapping[str, Any] | None, title: str, ident: str) -> str:
 
 
 def _memory(snap: Mapping[str, Any]) -> str:
-    m = snap.get("memory") if isinstance(snap.get("memory"), Mapping) else {}
+    m = _mapping(snap.get("memory"))
     bars = _bar(m.get("plan"), "as the plan expects it", "memory-plan") + \
         _bar(m.get("vllm"), "as vLLM printed it", "memory-vllm")
     if not bars:

@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from dataclasses import dataclass
 import json
-from http import HTTPStatus
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -76,8 +77,8 @@ class Route:
 class StatusServer:
     """The status endpoint; ``await start()`` binds (port 0: ephemeral, see ``.port``), ``await stop()`` closes."""
 
-    def __init__(self, host: str, port: int, token: str, snapshot: Callable[[], dict],
-                 command: Callable[[str, dict], None], metrics: Metrics, ready: Callable[[], bool], *,
+    def __init__(self, host: str, port: int, token: str, snapshot: Callable[[], dict[str, Any]],
+                 command: Callable[[str, dict[str, Any]], None], metrics: Metrics, ready: Callable[[], bool], *,
                  request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
                  alive: Callable[[], bool] | None = None) -> None:
         if not token:
@@ -269,7 +270,7 @@ class StatusServer:
 
     def _snapshot(self) -> dict[str, Any]:
         """The guard's snapshot, redacted once (the token too) for every route that shows it."""
-        return auth.redact_obj(self.snapshot(), (self.token,))
+        return cast(dict[str, Any], auth.redact_obj(self.snapshot(), (self.token,)))
 
     def _page(self, request: h11.Request, target: str) -> Reply:
         try:

@@ -12,12 +12,11 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pyte
 import pytest
-
 from guardrun import LLAMA8B, ROOT, GuardRun
 
 ROWS = 3000      # tall enough that nothing scrolls away: every row the guard wrote stays readable
@@ -33,7 +32,7 @@ class PtyGuard(GuardRun):
         self.stream = pyte.ByteStream(self.screen)
         self.raw = b""
 
-    def start(self) -> "PtyGuard":
+    def start(self) -> PtyGuard:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, self.columns, 0, 0))
         self.master = master
@@ -114,7 +113,7 @@ def test_the_heal_is_on_the_screen_and_the_live_line_below_it(tty_run, columns):
                  f"relaunch 2: --max-model-len (unset) -> {new} because {why}",
                  f"changed flags: --max-model-len {new}",
                  "Application startup complete."):                     # vLLM's own lines, passed through
-        g.pump(lambda: g.shows(line), 10, f"{line!r} whole on the screen")
+        g.pump(lambda line=line: g.shows(line), 10, f"{line!r} whole on the screen")
     # the live line: one row, at the bottom, following the state
     g.pump(lambda: g.rows()[-1].startswith("vllm-guard: launch 2 · healthy"), 10, "the live line saying healthy")
     assert sum(r.startswith("vllm-guard: launch") for r in g.rows()) == 1

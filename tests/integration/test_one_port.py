@@ -16,7 +16,6 @@ import sys
 
 import httpx
 import psutil
-
 from guardrun import FAKE, LLAMA8B, ROOT
 
 

@@ -15,12 +15,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
-
 from guardrun import FAKE, LLAMA8B, ROOT, free_port, kill_marked
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -45,7 +45,8 @@ def browser(tmp_path):
     opts.binary_location = CHROMIUM
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,2200"):
+                "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+                "--window-size=1400,2200"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(30)
@@ -175,7 +176,7 @@ def test_the_page_follows_a_heal_and_its_buttons_ask_for_the_token(browser, guar
     # the GPU memory: as planned (the L4's 23.55 GiB, the model's config) and as vLLM printed it
     plan, printed = text(browser, "#memory-plan"), text(browser, "#memory-vllm")
     assert "23.55 GiB" in plan and "weights" in plan and "KV cache" in plan and "non-torch" in plan
-    assert "weights 14.96 GiB" in printed and "KV cache" in printed
+    assert f"weights {LLAMA8B['weights_gib']:.2f} GiB" in printed and "KV cache" in printed
     assert browser.execute_script("return document.querySelectorAll('#memory-plan svg rect').length") >= 4
 
     # vLLM's lines, hostile ones included, are text: no element, no script ran

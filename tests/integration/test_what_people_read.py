@@ -18,9 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-
 from guardrun import FAKE, LLAMA8B, ROOT, free_port, kill_marked
 
 TOKEN = "a-token-people-read-with-0123"
@@ -143,7 +141,8 @@ def test_status_ps_history_logs_and_systemd_read_as_a_person_reads_them(served, 
     rows = wait_for(healthy, 120, "healthy")
     assert re.fullmatch(r"healthy: launch 2 serving for \d+s", rows["state"]), rows
     assert rows["failure"] == "launch 1 failed: kv_cache_insufficient while allocating the KV cache (healed)"
-    assert rows["evidence"].startswith("ValueError: To serve at least one request with the model's max seq len (131072)")
+    assert rows["evidence"].startswith(
+        "ValueError: To serve at least one request with the model's max seq len (131072)")
     new = re.match(r"--max-model-len \(unset\) -> (\d+)  \(", rows["flags"])
     assert new, rows["flags"]
     assert rows["launches"] == "2" and rows["probe"].startswith("ok in ")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.gpus import (GpuDevice, GpuProcess, cuda_total_bytes, gpu_spec, interconnect, sm_count,
-                                   visible)
+from supervisor.core.gpus import GpuDevice, GpuProcess, cuda_total_bytes, gpu_spec, interconnect, sm_count, visible
 from supervisor.core.vllm import fp8_kv_supported
 from supervisor.facts.nvml import NvmlProvider
 

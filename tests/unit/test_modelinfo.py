@@ -1,4 +1,5 @@
-"""Reading config.json and the weight size: local dirs, the Hugging Face cache, and the Hub (a real local HTTP server)."""
+"""Reading config.json and the weight size: local dirs, the Hugging Face cache, and the Hub (a real local
+HTTP server)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def test_awq_and_mxfp4_quantization_are_named():
     awq = load_model_info(str(MODELS / "Qwen2.5-32B-Instruct-AWQ"))
     assert awq.quantization == "awq"
     assert round(awq.weights_bytes / GiB, 2) == 18.00       # the index: 18.00 GiB
-    assert load_model_info(str(MODELS / "Llama-3.3-70B-Instruct-AWQ")).weights_bytes / GiB == pytest.approx(37.04, abs=0.01)
+    awq = load_model_info(str(MODELS / "Llama-3.3-70B-Instruct-AWQ"))
+    assert awq.weights_bytes / GiB == pytest.approx(37.04, abs=0.01)
     assert load_model_info(str(MODELS / "gpt-oss-20b")).quantization == "mxfp4"
 
 

@@ -11,11 +11,10 @@ import pytest
 
 from supervisor.core import gpus as G
 from supervisor.core import memory as M
-from supervisor.core import plan as P
 from supervisor.core import vllm as V
-from supervisor.facts.nvml import GpuDevice
 from supervisor.core.model import ModelInfo, derive_max_model_len
 from supervisor.facts.model_files import load_model_info
+from supervisor.facts.nvml import GpuDevice
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 GiB = 1 << 30
@@ -437,7 +436,8 @@ def test_bitsandbytes_skips_only_the_modules_it_names():
 
 # -- the plan's length is one vLLM accepts and no more than it prints -----------------------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 _LAYOUTS = ["gpt-oss-20b", "Llama-3.1-8B-Instruct", "DeepSeek-V2-Lite", "Qwen3-8B", "Mistral-7B-v0.3"]
 _CAL = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration-llmd" / "models"

@@ -219,7 +219,7 @@ def test_dtype_and_runtime_quantization_are_planned_as_vllm_runs_them(flags, rec
                           *flags, "--json").stdout)
     row = next(x for x in out["rows"] if x["gpu_memory_utilization"] == 0.95 and x["kv_cache_dtype"] == "auto")
     assert row["kv_budget_gib"] == pytest.approx(printed_kv_gib, rel=0.01), record
-    for flag, value in zip(flags[::2], flags[1::2]):
+    for flag, value in zip(flags[::2], flags[1::2], strict=False):
         assert out["start_flags"][flag] == value
 
 

@@ -60,7 +60,7 @@ def test_is_hub_id_agrees_with_huggingface_hubs_own_validator() -> None:
                          timeout=120)
     assert run.returncode == 0, run.stderr
     theirs = json.loads(run.stdout)
-    disagree = [(name, hub) for name, hub in zip(corpus, theirs) if is_hub_id(name) != hub]
+    disagree = [(name, hub) for name, hub in zip(corpus, theirs, strict=True) if is_hub_id(name) != hub]
     assert disagree == []
 
 

@@ -29,7 +29,8 @@ def test_a_real_healthy_start_up_reads_as_its_phases_in_order():
     for text in ("reading the config", "starting the engine", "loading weights", "loading weights 0%",
                  "loading weights 100%", "allocating the KV cache", "starting the API server", "serving"):
         assert text in seen, (text, seen)
-    order = [seen.index(t) for t in ("loading weights 0%", "loading weights 100%", "allocating the KV cache", "serving")]
+    order = [seen.index(t) for t in ("loading weights 0%", "loading weights 100%", "allocating the KV cache",
+                                     "serving")]
     assert order == sorted(order)
 
 

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.core import plan as P
-from supervisor.core import vllm
-from supervisor.core import remedy as R
-from supervisor.core.classifier import Classifier
-from supervisor.core.flags import Flags
-from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.facts.model_files import load_model_info
-
 from benchmarks import matrix, render
+from supervisor.core import plan as P
+from supervisor.core import remedy as R
+from supervisor.core import vllm
+from supervisor.core.classifier import Classifier
+from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.flags import Flags
+from supervisor.facts.model_files import load_model_info
 from tests.fakes import emulator as emu
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"

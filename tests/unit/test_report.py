@@ -13,9 +13,9 @@ from structlog.testing import capture_logs
 
 from supervisor.config import GuardConfig
 from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.flags import Flags
 from supervisor.core.remedy import Change
 from supervisor.core.session import DIED, FAILED, End, Facts, Launch, Outcome, Session
-from supervisor.core.flags import Flags
 from supervisor.errors import EX_TEMPFAIL
 from supervisor.shell import history
 from supervisor.shell.report import Report, context_text
@@ -67,7 +67,8 @@ def test_a_failed_launch_is_one_event_everywhere(tmp_path):
     assert ended["event"].startswith("launch 1 failed: kv_cache_insufficient: ValueError: To serve")
     assert ended["exit"] == "vLLM exited with code 1"
     (record,) = history.read(str(tmp_path))
-    assert record["outcome"] == "failed" and record["evidence"] == KV_LINE and record["measured"]["available_kv_gib"] == 5.08
+    assert record["outcome"] == "failed" and record["evidence"] == KV_LINE
+    assert record["measured"]["available_kv_gib"] == 5.08
     assert [b["event"] for b in bodies] == ["launch_failed"] and bodies[0]["kind"] == "kv_cache_insufficient"
     assert 'outcome="failed"' in metric(report, "vllm_guard_launches_total")
 

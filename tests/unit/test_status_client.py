@@ -15,8 +15,8 @@ import pytest
 from supervisor.cli import client as cli_client
 from supervisor.config import ConfigError
 from supervisor.shell import auth
+from supervisor.shell.locks import StateDirLock
 from supervisor.shell.metrics import Metrics
-from supervisor.shell.statedir import StateDirLock
 from supervisor.shell.status_server import StatusServer
 from tests.fakes.serve import serving
 
@@ -236,7 +236,8 @@ def test_render_human_tolerates_a_sparse_snapshot():
 
 def test_render_human_says_the_context_served_of_what_fit():
     text = cli_client.render_human({"state": "healthy", "context": {
-        "served": 65408, "requested": 131072, "fit": 65408, "text": "context served 65408 of 65408 that fit (131072 asked)"}})
+        "served": 65408, "requested": 131072, "fit": 65408,
+        "text": "context served 65408 of 65408 that fit (131072 asked)"}})
     assert "context    served 65408 of 65408 that fit (131072 asked)" in text.splitlines()
     assert "context" not in cli_client.render_human({"state": "planning", "context": None})
 
@@ -384,7 +385,8 @@ T0 = 1_764_000_000.0
                                                        "engine_dead: EngineDeadError"),
     ({"n": 4, "outcome": "stopped", "time_to_healthy_s": 5.0, "started_at": T0, "ended_at": T0 + 10},
      False, "launch 4  healthy in 5 s, served 5 s, then stopped"),
-    ({"n": 5, "outcome": "healthy", "time_to_healthy_s": 5.0, "started_at": T0}, True, "launch 5  healthy in 5 s, still serving"),
+    ({"n": 5, "outcome": "healthy", "time_to_healthy_s": 5.0, "started_at": T0}, True,
+     "launch 5  healthy in 5 s, still serving"),
     ({"n": 5, "outcome": "healthy", "time_to_healthy_s": 5.0, "started_at": T0}, False,
      "launch 5  healthy in 5 s, then the guard ended without recording more"),
     ({"n": 6, "outcome": "stopped", "started_at": T0, "ended_at": T0 + 3}, False, "launch 6  stopped while starting"),

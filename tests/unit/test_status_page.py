@@ -20,7 +20,8 @@ from supervisor.shell.status_page import PAGE_HEADERS, render_page
 
 SNAPSHOT: dict[str, Any] = {
     "state": "healthy",
-    "summary": "healthy: launch 2 serves on http://127.0.0.1:8000 (context 45760); healed kv_cache_insufficient (launch 1)",
+    "summary": ("healthy: launch 2 serves on http://127.0.0.1:8000 (context 45760); healed kv_cache_insufficient "
+                "(launch 1)"),
     "model": "meta-llama/Llama-3.1-8B-Instruct",
     "pid": 4242, "guard_pid": 4200,
     "vllm": {"host": "127.0.0.1", "port": 8000, "version": "0.32.0", "url": "http://127.0.0.1:8000"},
@@ -30,7 +31,8 @@ SNAPSHOT: dict[str, Any] = {
                      "evidence": "ValueError: To serve at least one request ...", "healed": True, "at": 1.0},
     "changed_flags": {"--max-model-len": {"value": "45760", "requested": None, "why": "the KV cache holds 45760",
                                           "source": "heal"},
-                      "--enforce-eager": {"value": "", "requested": None, "why": "graphs did not fit", "source": "heal"}},
+                      "--enforce-eager": {"value": "", "requested": None, "why": "graphs did not fit",
+                                          "source": "heal"}},
     "launches": [
         {"n": 1, "outcome": "failed", "kind": "kv_cache_insufficient", "evidence": "ValueError: To serve ...",
          "started_at": 1.0, "time_to_healthy_s": None, "changed_flags": {}},
@@ -108,8 +110,9 @@ FIELD_NAMES = {"host", "port", "version", "url", "launch", "phase", "percent", "
 
 #: The page's own class names: the only attribute values a snapshot's strings may choose between.
 CLASSES = ({f"badge state-{s.value}" for s in State} | {"badge state-unknown", "nw failed", "nw died", "nw healthy",
-           "nw ", "nw", "mono nw", "", "mono", "model", "wide", "muted", "controls", "danger", "legend"} | {f"seg-{n}" for n in
-           ("weights", "activation", "non_torch", "cudagraph", "overhead", "other_processes", "kv_cache", "unused")})
+           "nw ", "nw", "mono nw", "", "mono", "model", "wide", "muted", "controls", "danger", "legend"}
+           | {f"seg-{n}" for n in ("weights", "activation", "non_torch", "cudagraph", "overhead", "other_processes",
+                                   "kv_cache", "unused")})
 
 HOSTILE = ["<script>alert(1)</script>", "</pre><img src=x onerror=alert(1)>", "\"><svg onload=alert(1)>",
            "' onmouseover='alert(1)", "</title></svg><b>", "<!--", "]]>", "&lt;not an entity&gt;", "</style>",

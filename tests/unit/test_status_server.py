@@ -236,7 +236,8 @@ def test_huge_header_is_refused_and_later_requests_work(server, client):
 
 
 def test_huge_body_is_413_without_reading_it(server, client, guard):
-    response = raw(server, b"POST /restart HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10000000\r\n" + AUTH_LINE + b"\r\n")
+    response = raw(server, b"POST /restart HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10000000\r\n"
+                   + AUTH_LINE + b"\r\n")
     assert status_code(response) == 413
     assert guard.commands == []
     assert client.get("/healthz").status_code == 200
@@ -248,7 +249,8 @@ def test_bad_content_length_is_400(server):
 
 
 def test_chunked_body_is_refused(server, guard):
-    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE + b"\r\n0\r\n\r\n")
+    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE
+                   + b"\r\n0\r\n\r\n")
     assert status_code(response) == 411
     assert guard.commands == []
 
@@ -294,7 +296,7 @@ def test_trickling_client_hits_the_request_deadline(server):
                 if s.recv(1024) == b"":
                     closed = True
                     break
-            except socket.timeout:
+            except TimeoutError:
                 pass
             except ConnectionResetError:
                 closed = True

@@ -88,8 +88,10 @@ def test_vllm_lines_and_guard_lines_interleave_in_order(columns):
     log.write(DIAGNOSIS[50:] + "\n")
     rows = tty.rows()
     assert tty.shows(DIAGNOSIS)
-    assert [i for i, r in enumerate(rows) if "Initializing a V1" in r] < [i for i, r in enumerate(rows) if "Loading safet" in r]
-    assert [i for i, r in enumerate(rows) if "Loading safet" in r][0] < [i for i, r in enumerate(rows) if r.startswith(DIAGNOSIS[:40])][0]
+    initializing = [i for i, r in enumerate(rows) if "Initializing a V1" in r]
+    loading = [i for i, r in enumerate(rows) if "Loading safet" in r]
+    assert initializing < loading
+    assert loading[0] < [i for i, r in enumerate(rows) if r.startswith(DIAGNOSIS[:40])][0]
     assert [r for r in tty.rows() if r][-1] == "vllm-guard: launch 1 · starting"
 
 
@@ -139,10 +141,10 @@ OUTPUT = [("guard", DIAGNOSIS + "\n"), ("vllm", "(EngineCore pid=9) INFO [core.p
 def _screen(columns: int, cuts: list[list[int]]) -> Tty:
     term, tty = terminal(columns)
     term.update("vllm-guard: launch 2 · starting", force=True)
-    for (source, text), points in zip(OUTPUT, cuts):
+    for (source, text), points in zip(OUTPUT, cuts, strict=False):
         data = text.encode()
         edges = sorted({0, len(data), *(p % (len(data) + 1) for p in points)})
-        for a, b in zip(edges, edges[1:]):
+        for a, b in zip(edges, edges[1:], strict=False):
             term.write(data[a:b], source)
     return tty
 
@@ -168,5 +170,5 @@ def test_render_is_one_bounded_line():
                   {"--max-model-len": "41840"}, width=80)
     assert text.startswith("vllm-guard: launch 2 · starting · loading weights 40% · 12 s") and len(text) <= 80
     assert "\n" not in text
-    assert render("starting", {"launch": 1}, {}, stopping="stopping vLLM, 2 s of up to 20 s (Ctrl-C again to kill now)") \
-        == "vllm-guard: launch 1 · starting · stopping vLLM, 2 s of up to 20 s (Ctrl-C again to kill now)"
+    stopping = "stopping vLLM, 2 s of up to 20 s (Ctrl-C again to kill now)"
+    assert render("starting", {"launch": 1}, {}, stopping=stopping) == f"vllm-guard: launch 1 · starting · {stopping}"

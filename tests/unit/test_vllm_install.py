@@ -8,8 +8,7 @@ import time
 import pytest
 
 from supervisor.errors import ConfigError
-from supervisor.facts.vllm_install import (ResolvedConfig, installed, require_command, resolved_config,
-                                          resolved_configs)
+from supervisor.facts.vllm_install import ResolvedConfig, installed, require_command, resolved_config, resolved_configs
 
 
 def dist(tmp_path, name: str, version: str) -> str:

@@ -45,7 +45,7 @@ def _behaviour(release: str, key: str):
     return next(v for a, b, v in data.BEHAVIOUR[key] if _spans_include(release, a, b))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def oracle(release: str) -> _Oracle:
     """argparse with the release's options (an alias and its option share one action) and its abbreviation rule."""
     p = _Oracle(add_help=False, allow_abbrev=_behaviour(release, "allow_abbrev"))
@@ -154,8 +154,9 @@ def single_edit(name: str, op: str, at: int, ch: str) -> str:
 
 
 @settings(max_examples=400, deadline=None)
-@given(release=st.sampled_from(RELEASES), data_=st.data(), op=st.sampled_from(["delete", "insert", "substitute", "swap"]),
-       at=st.integers(0, 60), ch=st.sampled_from(ALPHABET))
+@given(release=st.sampled_from(RELEASES), data_=st.data(),
+       op=st.sampled_from(["delete", "insert", "substitute", "swap"]), at=st.integers(0, 60),
+       ch=st.sampled_from(ALPHABET))
 def test_a_single_edit_typo_that_is_no_option_is_refused_with_the_meant_option(
         release: str, data_: st.DataObject, op: str, at: int, ch: str) -> None:
     options = for_version(release)

@@ -25,6 +25,7 @@ from supervisor import config
 from supervisor.errors import EX_FAILURE, EX_OK
 from supervisor.shell import auth, history, output, statedir
 from supervisor.shell.probe import probe_host
+from supervisor.shell.signalling import pid_alive
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 
@@ -159,19 +160,6 @@ def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
     except statedir.StateError:
         return None
     return data if isinstance(data, dict) else None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (EPERM counts as alive: it is someone else's)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- rendering ------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ class Report:
         self.cfg = cfg
         self.metrics = Metrics()
         self.history = History(state_dir, model=cfg.model, run_id=run_id())
-        self.webhook = webhook or Webhook(cfg.notify_url, model=cfg.model)
+        self.webhook = webhook or Webhook(cfg.notify_url, model=cfg.model, on_result=self.metrics.webhook)
         self.started_wall, self.started = time.time(), time.monotonic()
         self.context: dict[str, int | None] = {}
         self.healthy_since: float | None = None

@@ -25,6 +25,7 @@ from supervisor.core.model import ModelInfo
 from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
 from supervisor.errors import EX_OK, EX_USAGE
 from supervisor.facts.model_files import load_model_info
+from supervisor.secrets import REGISTRY
 
 _CHUNK = 1 << 20        # read 1 MiB at a time
 _MAX_LINE = 4 << 20     # a "line" with no newline in 4 MiB is handed over as it is
@@ -72,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         remedy = _next_step(diagnosis, args, model)
         if args.json:
-            print(json.dumps(_as_json(name, diagnosis, remedy), ensure_ascii=False), flush=True)
+            print(json.dumps(REGISTRY.obj(_as_json(name, diagnosis, remedy)), ensure_ascii=False), flush=True)
         else:
-            print(_as_text(name, diagnosis, remedy), flush=True)
+            print(REGISTRY.text(_as_text(name, diagnosis, remedy)), flush=True)
     return status
 
 

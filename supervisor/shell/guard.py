@@ -28,12 +28,13 @@ import structlog
 from supervisor import facts as machine
 from supervisor.config import GuardConfig, default_state_dir
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.flags import Flags
+from supervisor.core.flags import Flags, secrets_to_environ
 from supervisor.core.lifecycle import State
 from supervisor.core.session import FAILED, STOPPED, End, Launch, Outcome, Session
 from supervisor.errors import EX_SOFTWARE, ConfigError, GuardError, Refused
 from supervisor.facts.nvml import NvmlProvider
 from supervisor.facts.vllm_install import require_command
+from supervisor.secrets import REGISTRY, argv_secrets
 from supervisor.shell import auth, procs, sdnotify, statedir
 from supervisor.shell.child import Child
 from supervisor.shell.gpus import Gpus
@@ -77,6 +78,7 @@ class Guard:
         self._lock: statedir.StateDirLock | None = None
         self._keys: statedir.StoreKeys | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._warned_visible = False
 
     # -- entry point ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -118,13 +120,13 @@ class Guard:
             self._lock = stack.enter_context(statedir.StateDirLock(self.state_dir))
         except (OSError, statedir.StateError) as e:
             raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}") from None
-        auth.register_env_secrets(self.environ)
-        for value in [*auth.argv_secrets(cfg.vllm_args), cfg.requested_flags().get("--api-key")]:
-            auth.register_secret(value)
-        self.output = VllmOutput(self.state_dir, secrets=auth.known_secrets(), quiet=cfg.quiet, live=self.live)
+        REGISTRY.add_environ(self.environ)
+        REGISTRY.add_argv(cfg.vllm_args)
+        REGISTRY.add_argv(cfg.vllm_file_args)        # vLLM's --config YAML, as the arguments vLLM makes of it
+        self.output = VllmOutput(self.state_dir, quiet=cfg.quiet, live=self.live)
         for p in procs.sweep_orphans(self.state_dir, grace=min(cfg.stop_grace, 10.0)):
             log.warning(f"ended a process left by a previous guard: pid {p.get('pid')} "
-                        f"{p.get('name')} ({auth.redact_text(' '.join(p.get('cmdline') or []))[:120]})")
+                        f"{p.get('name')} ({REGISTRY.text(' '.join(REGISTRY.argv(p.get('cmdline') or [])))[:120]})")
         holder = procs.port_holder(self.host, self.port, ours=procs.state_id(self.state_dir))
         if holder is not None:
             raise Refused(f"{holder}; stop it or give vLLM another --port (no launch was made)")
@@ -239,7 +241,10 @@ class Guard:
         hooks = LaunchHooks(on_line=self.output.line, on_healthy=self._on_healthy, on_probe=self.report.probe,
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
-        self.child = child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
+        run_argv, moved = secrets_to_environ(argv, env)     # out of `ps`: into vLLM's own environment
+        env.update(moved)
+        self._warn_visible_secrets(run_argv)
+        self.child = child = Child(run_argv, env, lambda line, stream: None, state_dir=self.state_dir)
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
                                           bounds=s.check_auto_fit, hurry=self._hurry, clean=self.output.mask)
         child.on_line = watcher.line
@@ -257,6 +262,15 @@ class Guard:
                 return await watcher.run()
         finally:
             await prober.aclose()
+
+    def _warn_visible_secrets(self, argv: list[str]) -> None:
+        """Once: secret values that must stay on vLLM's command line can be read by every local user."""
+        if self._warned_visible or not argv_secrets(argv):
+            return
+        self._warned_visible = True
+        log.warning("vLLM's command line holds secret values (several --api-key keys, or a secret flag vLLM "
+                    "reads nowhere else); every local user can read a command line (ps). Give one key (the "
+                    "guard then passes it in VLLM_API_KEY), or mount /proc with hidepid=2")
 
     async def _shutdown(self) -> None:
         """Stop vLLM (if running) before the endpoint and the lock go; tell systemd."""

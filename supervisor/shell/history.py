@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import structlog
 
-from supervisor.shell import auth
+from supervisor.secrets import REGISTRY
 from supervisor.shell.statedir import append_line, read_lines
 
 log = structlog.get_logger("vllm-guard")
@@ -47,7 +47,7 @@ class History:
     def started(self, n: int, argv: list[str], changed: dict[str, Any]) -> dict[str, Any]:
         """A launch begins: its number, redacted argv and the flags changed from the user's, with why."""
         record: dict[str, Any] = {
-            "run": self.run_id, "model": self.model, "n": n, "argv": auth.redact_argv(argv),
+            "run": self.run_id, "model": self.model, "n": n, "argv": REGISTRY.argv(argv),
             "changed_flags": changed, "started_at": time.time(), "ended_at": None, "outcome": "running",
             "pid": None, "kind": None, "evidence": None, "phase": None, "exit_code": None, "exit": None,
             "time_to_healthy_s": None, "measured": {}}
@@ -74,7 +74,7 @@ class History:
             return
         record.update(ended_at=time.time(), outcome=outcome, exit_code=exit_code, exit=exit_text or None)
         if kind is not None:
-            record.update(kind=kind, evidence=auth.redact_text(evidence), phase=phase,
+            record.update(kind=kind, evidence=REGISTRY.text(evidence), phase=phase,
                           numbers={k: v for k, v in (numbers or {}).items() if not isinstance(v, (dict, list))})
         if numbers:
             record["measured"] = {**record["measured"], **_measured(numbers)}
@@ -83,7 +83,7 @@ class History:
     def gave_up(self, message: str, exit_code: int, kind: str | None) -> None:
         """This guard gave up: kept so the next guard (and its metrics) know when."""
         self._write({"run": self.run_id, "model": self.model, "n": None, "event": "gave_up", "at": time.time(),
-                     "exit_code": exit_code, "kind": kind, "message": auth.redact_text(message)})
+                     "exit_code": exit_code, "kind": kind, "message": REGISTRY.text(message)})
 
     def last_gave_up(self) -> float | None:
         """When a guard on this state dir last gave up (Unix time), from the file; None: never."""
@@ -97,7 +97,7 @@ class History:
         if self.path is None:
             return
         try:
-            append_line(self.path, json.dumps(auth.redact_obj(record), default=str), max_bytes=MAX_BYTES)
+            append_line(self.path, json.dumps(REGISTRY.obj(record), default=str), max_bytes=MAX_BYTES)
         except OSError as e:
             log.warning(f"could not write {self.path}: {e.strerror or e}")
 

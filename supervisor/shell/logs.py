@@ -15,7 +15,7 @@ from typing import Any, Mapping, TextIO
 
 import structlog
 
-from supervisor.shell import auth
+from supervisor.secrets import REGISTRY
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR, "critical": logging.CRITICAL}
@@ -24,7 +24,7 @@ _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critic
 
 def redact_event(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     """structlog processor: mask secret fields and secret values in every event."""
-    return auth.redact_obj(event)
+    return REGISTRY.obj(event)
 
 
 def _journald_prefix(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     stream = sys.stderr if stream is None else stream
     as_json = (not _isatty(stream)) if json is None else json
     journal = as_json and on_journal(stream)
-    auth.register_env_secrets(os.environ)
+    REGISTRY.add_environ(os.environ)
 
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,

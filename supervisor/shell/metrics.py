@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from supervisor import __version__
 from supervisor.core.lifecycle import State
+from supervisor.secrets import REGISTRY
 
 #: The guard's states, in the order the ``vllm_guard_state`` enum lists them.
 STATES = tuple(s.value for s in State)
@@ -126,4 +127,4 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition: ``(body, content_type)``."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return REGISTRY.line(generate_latest(self.registry)), CONTENT_TYPE_LATEST

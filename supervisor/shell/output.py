@@ -19,6 +19,7 @@ from typing import IO, Any, Iterable, Iterator
 
 import structlog
 
+from supervisor.secrets import REGISTRY
 from supervisor.shell.statedir import StateError, append_line, read_lines, safe_open_read
 
 LOG_FILE = "vllm.log"
@@ -32,15 +33,13 @@ class VllmOutput:
                  live: Any = None) -> None:
         self.path = Path(state_dir) / LOG_FILE if state_dir else None
         self.quiet, self.live = quiet, live
-        self.secrets = sorted({s.encode() for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        for secret in secrets:
+            REGISTRY.add(secret)
         self._broken = False               # the ring file failed once: the guard goes on without it
 
     def mask(self, line: bytes) -> bytes:
-        """``line`` with every known secret replaced by ``***``."""
-        for secret in self.secrets:
-            if secret in line:
-                line = line.replace(secret, b"***")
-        return line
+        """``line`` with every secret masked (the registry as it is now, and the known shapes)."""
+        return REGISTRY.line(line)
 
     def launch(self, n: int, argv_text: str) -> None:
         """Mark the start of launch ``n`` in the ring file."""

@@ -22,7 +22,8 @@ from typing import Any
 
 import psutil
 
-from supervisor.shell import auth, signalling
+from supervisor.secrets import NOT_FOR_VLLM, REGISTRY
+from supervisor.shell import signalling
 from supervisor.shell.signalling import Proc
 from supervisor.shell.statedir import StateError, ensure_dir, read_json, set_aside, write_json
 
@@ -40,7 +41,7 @@ def child_env(
     base: Mapping[str, str],
     state_dir: str,
     launch_id: int,
-    drop: Iterable[str] = ("VLLM_GUARD_TOKEN",),
+    drop: Iterable[str] = NOT_FOR_VLLM,
 ) -> dict[str, str]:
     """The child's environment: ``base`` minus secrets, plus the launch marker and plain output."""
     env = {k: v for k, v in base.items() if k not in set(drop)}
@@ -248,7 +249,7 @@ def port_holder(host: str, port: int, ours: str | None = None) -> str | None:
         return None
     if info.get("pid") is None:
         return f"port {port} is in use by a process this user cannot see (another user's; `sudo ss -ltnp` names it)"
-    cmd = auth.redact_text(" ".join(auth.redact_argv(info.get("cmdline") or [])) or info.get("name", "?"))[:160]
+    cmd = REGISTRY.text(" ".join(REGISTRY.argv(info.get("cmdline") or [])) or info.get("name", "?"))[:160]
     who = "another vllm-guard's vLLM" if marker else (info.get("name") or "a process")
     user = f", user {info['user']}" if info.get("user") else ""
     return f"port {port} is held by {who} (pid {info['pid']}{user}: {cmd})"

@@ -31,6 +31,7 @@ import h11
 import structlog
 
 from supervisor import __version__
+from supervisor.secrets import REGISTRY
 from supervisor.shell import auth
 from supervisor.shell.metrics import Metrics
 
@@ -76,7 +77,7 @@ class StatusServer:
         self._server: asyncio.base_events.Server | None = None
         self._reading: dict[asyncio.Task[None], float] = {}   # connections still sending: task -> start
         self._tasks: set[asyncio.Task[None]] = set()
-        auth.register_secret(token)
+        REGISTRY.add(token)
 
     @property
     def url(self) -> str:
@@ -230,7 +231,7 @@ class StatusServer:
             body, ctype = self.metrics.render()
             return 200, body, ctype, {}
         try:
-            snap = auth.redact_obj(self.snapshot(), (self.token,))
+            snap = REGISTRY.obj(self.snapshot(), (self.token,))
             return 200, json.dumps(snap, indent=2, default=str).encode() + b"\n", "application/json", {}
         except Exception as exc:  # a guard bug must not take the endpoint down
             log.exception("status snapshot failed")

@@ -28,7 +28,7 @@ import structlog
 import tenacity
 
 from supervisor import __version__
-from supervisor.shell import auth
+from supervisor.secrets import REGISTRY
 
 log = structlog.get_logger("vllm-guard")
 
@@ -46,6 +46,7 @@ class Webhook:
                  wait: tenacity.wait.wait_base | None = None, deadline: float = DEADLINE,
                  on_result: Callable[[str], None] | None = None) -> None:
         self.url, self.model = url, model
+        REGISTRY.add(url)       # a webhook URL is a credential (Slack's, Discord's): never shown
         self.host = socket.gethostname()
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=QUEUE)
         self._transport = transport
@@ -62,7 +63,7 @@ class Webhook:
         payload = {"event": event, "text": f"vllm-guard on {self.host}: {self.model}: {text}", "model": self.model,
                    "host": self.host, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "guard_version": __version__, **fields}
-        payload = auth.redact_obj(payload)
+        payload = REGISTRY.obj(payload)
         if self._queue.full():
             with contextlib.suppress(asyncio.QueueEmpty):
                 self._queue.get_nowait()
@@ -94,7 +95,7 @@ class Webhook:
     async def _drain(self) -> None:
         async with httpx.AsyncClient(timeout=TIMEOUT, transport=self._transport, follow_redirects=False) as client:
             while not self._queue.empty():
-                payload = auth.redact_obj(self._queue.get_nowait())   # again: secrets registered since
+                payload = REGISTRY.obj(self._queue.get_nowait())   # again: secrets registered since
                 try:
                     async for attempt in tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(ATTEMPTS),
                                                                 wait=self._wait, reraise=True):
@@ -106,7 +107,7 @@ class Webhook:
                     self.failed += 1
                     self._on_result("failed")
                     log.warning(f"notify: could not deliver {payload['event']} to the webhook after {ATTEMPTS} "
-                                f"tries: {auth.redact_text(str(e))[:200]}")
+                                f"tries: {REGISTRY.text(str(e))[:200]}")
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Give what is queued (the last words: gave_up) a moment to go out, then stop."""

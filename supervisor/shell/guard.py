@@ -268,8 +268,8 @@ class Guard:
         if self._warned_visible or not argv_secrets(argv):
             return
         self._warned_visible = True
-        log.warning("vLLM's command line holds secret values (several --api-key keys, or a secret flag vLLM "
-                    "reads nowhere else); every local user can read a command line (ps). Give one key (the "
+        log.warning("vLLM's command line holds secret values (several API keys, or a secret flag vLLM "
+                    "reads nowhere else); every local user can read a command line (ps). Give one API key (the "
                     "guard then passes it in VLLM_API_KEY), or mount /proc with hidepid=2")
 
     async def _shutdown(self) -> None:

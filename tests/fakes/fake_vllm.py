@@ -219,6 +219,8 @@ def build_parser(version: str, serve: bool) -> _Parser:
             kw["nargs"] = "?"
             kw["const"] = "True"
         p.add_argument(*names, dest=flag, **kw)
+    if v >= (0, 8, 0):       # hf_token: bool | str | None -> nargs="?" (alone: the cached login)
+        p.add_argument("--hf-token", dest="--hf-token", nargs="?", const=True, default=None)
     for flag in _ALWAYS_BOOL:
         if not _present(flag, v):
             continue

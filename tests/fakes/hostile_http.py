@@ -6,7 +6,7 @@ Modes (one per server):
 - ``trickle``: ``200 OK`` with a 1 MB ``Content-Length``, then one byte a second;
 - ``trickle_head``: the status line and headers one byte a second, never finished;
 - ``silent``: reads the request and never answers;
-- ``ok``: ``204 No Content``.
+- ``ok``: ``204 No Content``, after reading the body (kept in ``bodies``).
 
 It counts requests and the bytes it managed to send, so a test can tell how much the client read
 before it closed. Raw sockets (socketserver), because a well-behaved HTTP server library would not
@@ -38,6 +38,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 if not chunk:
                     return
                 head += chunk
+            self._head = head
             with srv.lock:
                 srv.requests += 1
             getattr(self, f"_{srv.mode}")(conn, srv)
@@ -53,6 +54,19 @@ class _Handler(socketserver.BaseRequestHandler):
             srv.sent += len(data)
 
     def _ok(self, conn: socket.socket, srv: "HostileServer") -> None:
+        head, _, body = self._head.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip() or 0)
+        while len(body) < min(length, 1 << 20):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        with srv.lock:
+            srv.bodies.append(body)
         self._send(conn, srv, b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
 
     def _huge(self, conn: socket.socket, srv: "HostileServer") -> None:
@@ -94,6 +108,7 @@ class HostileServer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.requests = self.sent = self.closed = 0
+        self.bodies: list[bytes] = []
         self._srv = self._Server(("127.0.0.1", 0), _Handler)
         self._srv.owner = self
         self.url = f"http://127.0.0.1:{self._srv.server_address[1]}/hook"

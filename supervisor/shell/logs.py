@@ -87,6 +87,13 @@ class _Tolerant:
         return self._stream.fileno()
 
 
+class _MaskingFormatter(logging.Formatter):
+    """The libraries' records (httpx, asyncio: a traceback may quote a URL or a payload), masked too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return REGISTRY.text(super().format(record))
+
+
 def configure_logging(json: bool | None = None, level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog (and the stdlib root logger) once: JSON unless ``stream`` is a TTY.
 
@@ -129,6 +136,6 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
             root.removeHandler(handler)
     handler = logging.StreamHandler(out)  # type: ignore[arg-type]
     handler._vllm_guard = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(max(LEVELS[level.lower()], logging.WARNING))

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

@@ -12,7 +12,6 @@ import io
 import json
 import logging
 import string
-from pathlib import Path
 
 import httpx
 import pytest

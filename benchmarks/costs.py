@@ -19,11 +19,10 @@ Estimates, not measurements: they only rank the policies by the work each launch
 
 from __future__ import annotations
 
-from supervisor.config import BackoffConfig, GuardConfig
-
 from benchmarks.matrix import Case, model_spec
 from benchmarks.policies import Launch, Run
 from benchmarks.render import emu
+from supervisor.config import BackoffConfig, GuardConfig
 
 BOOTSTRAP_S = 16.0
 WEIGHTS_GIB_PER_S = 21.8 / 18.0
@@ -59,7 +58,7 @@ def time_to_healthy(case: Case, run: Run) -> float:
     """Seconds from the first launch to a serving vLLM (or to giving up)."""
     guard = run.policy.startswith("vllm-guard")
     total = 0.0
-    for i, launch in enumerate(run.launches):
+    for launch in run.launches:
         total += launch_seconds(case, launch)
         if launch.ok:
             break

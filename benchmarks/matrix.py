@@ -10,15 +10,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
+from benchmarks.render import CONTEXT_GIB, emu, simulate
 from supervisor.core.flags import Flags
 from supervisor.core.memory import kv_bytes_per_token
 from supervisor.core.model import ModelInfo, derive_max_model_len
 from supervisor.core.vllm import fp8_kv_supported, parse_version
 from supervisor.facts.model_files import load_model_info
-
-from benchmarks.render import CONTEXT_GIB, emu, simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
@@ -48,7 +47,7 @@ class Gpu:
     other_gib: float = 0.0
     count: int = 1
 
-    def spec(self) -> "emu.GpuSpec":
+    def spec(self) -> emu.GpuSpec:
         return emu.GpuSpec(total_gib=self.total_gib, other_used_gib=self.other_gib, cc=self.cc,
                            count=self.count)
 
@@ -113,14 +112,14 @@ VERSIONS = ("0.6.6.post1", "0.10.1.1", "0.32.0")
 CONTEXTS = {"default": None, "32k": 32768, "8k": 8192}
 
 
-@lru_cache(maxsize=None)
+@cache
 def model_info(path: str) -> ModelInfo:
     info = load_model_info(path)
     assert info is not None, f"no config.json in {path}"
     return info
 
 
-def model_spec(model: Model, version: str) -> "emu.ModelSpec":
+def model_spec(model: Model, version: str) -> emu.ModelSpec:
     """The emulator's view of ``model``, from the same config.json the plan reads.
 
     The weights are what vLLM loads: the checkpoint's size from its index and the rotary cos/sin

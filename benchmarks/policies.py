@@ -10,17 +10,16 @@ the daemon's shell would gather for the case. Each launch is rendered as vLLM's 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
+from benchmarks.matrix import Case, GiB, model_info, model_spec
+from benchmarks.render import emu, render
 from supervisor.config import GuardConfig
+from supervisor.core import session as daemon
 from supervisor.core.classifier import Classifier
 from supervisor.core.flags import Flags
 from supervisor.core.gpus import GpuDevice
-from supervisor.core import session as daemon
-
-from benchmarks.matrix import GiB, Case, model_info, model_spec
-from benchmarks.render import emu, render
 
 MAX_LAUNCHES = GuardConfig().max_launches     # 6, the guard's default; every policy gets as many
 MML = "--max-model-len"

@@ -6,8 +6,18 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.costs import (BOOTSTRAP_S, CAPTURE_S, COMPILE_S, EXIT_AFTER_ERROR_S, GUARD_COLLECT_S,
-                              PROFILE_S, RESTART_SEC, SETTLE_S, WEIGHTS_GIB_PER_S, time_to_healthy)
+from benchmarks.costs import (
+    BOOTSTRAP_S,
+    CAPTURE_S,
+    COMPILE_S,
+    EXIT_AFTER_ERROR_S,
+    GUARD_COLLECT_S,
+    PROFILE_S,
+    RESTART_SEC,
+    SETTLE_S,
+    WEIGHTS_GIB_PER_S,
+    time_to_healthy,
+)
 from benchmarks.matrix import Case, Fit
 from benchmarks.policies import POLICIES, Run
 
@@ -60,7 +70,8 @@ class Figures:
             "context kept median": _pct(med(self.kept)) if self.kept else "-",
             "context kept worst": _pct(min(self.kept)) if self.kept else "-",
             "context kept mean (unhealed = 0)": _pct(statistics.fmean(self.kept_all)) if self.kept_all else "-",
-            "launches on unhealable": f"{statistics.median(self.wasted):g} / {max(self.wasted)}" if self.wasted else "-",
+            "launches on unhealable": (f"{statistics.median(self.wasted):g} / {max(self.wasted)}"
+                                       if self.wasted else "-"),
         }
 
 
@@ -99,9 +110,9 @@ class Miss:
     def text(self) -> str:
         run = self.result.runs[self.policy]
         steps = "; ".join(
-            f"launch {i + 1} `{' '.join(l.flags.argv()) or '(no flags)'}` -> "
-            + ("serves" if l.ok else f"{l.kind} [classifier: {(l.diagnosis or '')[:110]}] -> {l.decision}")
-            for i, l in enumerate(run.launches))
+            f"launch {i + 1} `{' '.join(x.flags.argv()) or '(no flags)'}` -> "
+            + ("serves" if x.ok else f"{x.kind} [classifier: {(x.diagnosis or '')[:110]}] -> {x.decision}")
+            for i, x in enumerate(run.launches))
         got = f"served {run.served_len}" if run.healed else f"not healed ({run.gave_up})"
         return (f"- **{self.target}** - {self.result.case.label} - {self.policy}: {got}; "
                 f"reference {self.result.fit.length} (`{' '.join(self.result.fit.flags.argv())}`). {steps}")
@@ -250,17 +261,17 @@ def plot(results: list[Result], figs: dict[str, Figures], path: str) -> None:
                     str(got) == label or (label == "4-6" and got >= 4)))
             counts.append(k)
         ax.bar(xs, counts, bottom=bottom, color=color, label=label)
-        bottom = [b + c for b, c in zip(bottom, counts)]
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     ax.legend(title="launches", fontsize=7, title_fontsize=7, loc="upper right")
     labels(ax, f"Launches to healthy on the {len(hard_cases)} cases whose asked-for flags fail", "cases")
 
     ax = axes[1][0]
     times = [[time_to_healthy(r.case, r.runs[n]) for r in hard_cases if r.runs[n].healed] for n in names]
     ax.bar(xs, [med(t) if t else 0 for t in times], color=colors)
-    healed = [(x, max(t)) for x, t in zip(xs, times) if t]      # none healed: no worst to mark
+    healed = [(x, max(t)) for x, t in zip(xs, times, strict=True) if t]      # none healed: no worst to mark
     ax.scatter([x for x, _ in healed], [w for _, w in healed], color="#b2182b", marker="_", s=400, zorder=3,
                label="worst")
-    for x, t in zip(xs, times):
+    for x, t in zip(xs, times, strict=True):
         ax.annotate(f"n={len(t)}", (x, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7,
                     color="white" if t else "black")
     ax.legend(loc="upper left", fontsize=8)

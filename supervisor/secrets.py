@@ -26,7 +26,8 @@ import functools
 import json
 import re
 import threading
-from typing import Any, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from supervisor.core.flags import VLLM_SECRET_FLAGS, canonical, split_args
 
@@ -77,11 +78,19 @@ def _lower(s: Any) -> Any:
 _TRIGGER_WORDS = ("token", "key", "secret", "passw", "credential", "auth", "bearer", "hf_", "sk-", "://")
 
 
+def _as_text(pattern: str) -> str:
+    return pattern
+
+
+def _as_bytes(pattern: str) -> bytes:
+    return pattern.encode()
+
+
 class _Masker:
     """The patterns for one type (``str`` or ``bytes``), and the masking of one string of it."""
 
     def __init__(self, kind: type) -> None:
-        enc = (lambda x: x) if kind is str else (lambda x: x.encode())
+        enc: Callable[[str], Any] = _as_text if kind is str else _as_bytes
         # ASCII classes for text too (\w, \s, \b): text and its UTF-8 bytes are masked alike.
         flags = re.ASCII if kind is str else 0
         self.kind = kind
@@ -118,15 +127,14 @@ class _Masker:
         for hit in self.words.finditer(low):
             if hit.start() < done:
                 continue
-            end = self.right.match(s, hit.end()).end()
+            name_end = self.right.match(s, hit.end())
+            end = name_end.end() if name_end is not None else hit.end()
             v = self.value.match(s, end)      # most hits ("tokens/s") have no value: cheap to rule out
             if v is None and s[end:end + 1] not in self.space:
                 continue
             lo = max(0, hit.start() - 100)
-            run = None
-            for run in self.run.finditer(s, lo, hit.end()):
-                pass                          # the last run of name characters: the one holding the hit
-            start = run.start() if run is not None else hit.start()
+            runs = list(self.run.finditer(s, lo, hit.end()))   # the last: the run of name characters holding the hit
+            start = runs[-1].start() if runs else hit.start()
             if start == lo and lo > 0 and self.name_chars.match(s, lo - 1):
                 continue                      # the name runs on beyond 100 characters: not a key
             name = s[start:end]
@@ -150,8 +158,12 @@ class _Masker:
                 continue
             val = v.group("val")
             first = val[:1]
-            masked = first + self.mask + first if first in self.quotes else (
-                self.bracket + self.mask + val[-1:] if first == self.bracket else (v.group("how") or val[:0]) + self.mask)
+            if first in self.quotes:
+                masked = first + self.mask + first
+            elif first == self.bracket:
+                masked = self.bracket + self.mask + val[-1:]
+            else:
+                masked = (v.group("how") or val[:0]) + self.mask     # "Bearer ***"
             out.append(s[done:v.start("val")])
             out.append(masked)
             done = v.end("val")
@@ -286,7 +298,8 @@ class Secrets:
             s = re.sub("|".join(re.escape(v) for v in more), MASK, s)
         if not trigger.search(_lower(s)):
             return s
-        return _MASK_TEXT(s, known)
+        masked: str = _MASK_TEXT(s, known)
+        return masked
 
     def line(self, raw: bytes) -> bytes:
         """One raw line of vLLM's, masked as :meth:`text` masks text (same values, same patterns)."""
@@ -294,7 +307,8 @@ class Secrets:
             known, trigger = self._bytes, self._trigger_bytes
         if not trigger.search(_lower(raw)):
             return raw
-        return _MASK_BYTES(raw, known)
+        masked: bytes = _MASK_BYTES(raw, known)
+        return masked
 
     def argv(self, argv: Iterable[str]) -> list[str]:
         """``argv`` with every value of a secret flag masked (``--api-key *** ***``, ``--api-key=***``)

@@ -1,11 +1,13 @@
-"""The CLI clients: ``status [--json]``, ``restart [--reset]`` and ``stop`` talk to a running guard;
-``history``, ``logs`` and ``ps`` read state dirs, also when no guard runs.
+"""The CLI clients: ``status [--json] [--watch]``, ``restart [--reset]`` and ``stop`` talk to a running
+guard; ``history``, ``logs`` and ``ps`` read state dirs, also when no guard runs.
 
-A guard is found the way it announced itself (``<state_dir>/guard.json``, kept after it stops, so
-a client names the port it used), else by the configured status host and port. The bearer token
-is ``$VLLM_GUARD_TOKEN``, ``--token-file``, or the token file named in that same guard.json:
-never a token file of another state dir. A guard that is not running is one clear line (with
-``--json``, a JSON object with ``error``) and exit status 1.
+A guard is the process that holds its state dir's lock (``<state_dir>/guard.lock``, which names its
+pid); ``guard.json``, written by that same pid once its status endpoint listens, says where. So a
+client asks only a guard that is alive, and checks that the endpoint answering is that guard's
+(its ``guard_pid``) before it believes it or sends it anything. The bearer token goes only with a
+``POST``, only to such a guard: never to whatever answers on a port. A state dir no guard holds is
+one clear line and exit status 1 (with ``--json``, a JSON object with ``error``); ``--status-port``
+alone asks that port for ``GET /status`` (no token).
 """
 
 from __future__ import annotations
@@ -15,19 +17,28 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 import httpx
+import psutil
 
 from supervisor import config
-from supervisor.errors import EX_FAILURE, EX_OK
-from supervisor.shell import auth, history, output, statedir
+from supervisor.core.progress import PHASE_TEXT, last_failure, probe_text, seconds_text
+from supervisor.errors import EX_FAILURE, EX_OK, StateError
+from supervisor.shell import auth, history, locks, output
 from supervisor.shell.probe import probe_host
 from supervisor.shell.signalling import pid_alive
+from supervisor.shell.statefiles import read_json
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a snapshot's parts may be missing)."""
+    return value if isinstance(value, Mapping) else {}
+
 
 
 class ClientError(Exception):
@@ -36,22 +47,25 @@ class ClientError(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a running guard listens and how to authenticate to it."""
+    """Where a running guard listens, and which guard it is (``pid`` None: a port given by hand)."""
 
     url: str
-    token: str | None
+    token_file: str | None
     state_dir: str
     pid: int | None
 
 
 def add_client_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """Options for ``status``/``restart``/``stop``: where to find the guard (and --json/--reset)."""
+    """Options for ``status``/``restart``/``stop``: where to find the guard (and --json/--reset/--watch)."""
     _where(parser)
     parser.add_argument("--status-host", metavar="HOST", default=None, help="status endpoint address")
-    parser.add_argument("--status-port", metavar="PORT", type=int, default=None, help="status endpoint port")
+    parser.add_argument("--status-port", metavar="PORT", type=int, default=None,
+                        help="ask this port for GET /status when no guard holds the state dir (no token is sent)")
     parser.add_argument("--token-file", metavar="FILE", default=None, help="bearer token file")
     if command == "status":
         parser.add_argument("--json", action="store_true", help="print the full /status JSON (or an error object)")
+        parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                            help="show it again every SECONDS (default 2) until interrupted")
     if command == "restart":
         parser.add_argument("--reset", action="store_true",
                             help="go back to the flags you asked for instead of the current ones")
@@ -65,7 +79,7 @@ def _where(parser: argparse.ArgumentParser) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register the client commands on an argparse subparsers object."""
-    helps = {"status": "show the running guard's state (--json for everything)",
+    helps = {"status": "show the running guard's state, phase and last failure (--json for everything)",
              "restart": "relaunch vLLM now (--reset: with the flags you asked for)",
              "stop": "stop the guard and vLLM"}
     for command, text in helps.items():
@@ -73,7 +87,8 @@ def add_parsers(sub: Any) -> None:
         add_client_arguments(p, command)
         p.set_defaults(func=lambda args, c=command: run_client(c, args, os.environ))
     h = sub.add_parser("history", help="the launches recorded in a state dir: flags, failures, outcomes",
-                       description="Every launch a guard made in this state dir (kept across restarts), oldest first.")
+                       description="Every launch a guard made in this state dir (kept across restarts), oldest "
+                                   "first, each guard run under its own heading.")
     _where(h)
     h.add_argument("--json", action="store_true", help="one JSON object a line")
     h.add_argument("-n", type=int, default=0, metavar="N", help="only the last N launches")
@@ -84,9 +99,10 @@ def add_parsers(sub: Any) -> None:
     lg.add_argument("-n", type=int, default=100, metavar="N", help="the last N lines (default 100)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     lg.set_defaults(func=lambda args: run_logs(args, os.environ))
-    ps = sub.add_parser("ps", help="the guards on this host: state, model, ports, GPU memory",
-                        description="Guards found in the default state dirs (yours and the systemd units') "
-                                    "and any --state-dir given.")
+    ps = sub.add_parser("ps", help="the guards on this host: state, phase, model, ports, GPU memory",
+                        description="Every guard on this host: the running ones from the process table (the state "
+                                    "dir each holds), and the state dirs of stopped ones in the default places, "
+                                    "$VLLM_GUARD_STATE_DIR and any --state-dir given.")
     ps.add_argument("--state-dir", metavar="DIR", action="append", default=[], help="also look here (repeatable)")
     ps.add_argument("--json", action="store_true", help="one JSON object a line")
     ps.set_defaults(func=lambda args: run_ps(args, os.environ))
@@ -99,42 +115,70 @@ def _state_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
                              environ, require_model=False)
     except config.ConfigError as exc:
         raise ClientError(f"vllm-guard: {exc}") from None
-    return cfg.state_dir
+    return os.path.abspath(cfg.state_dir)
+
+
+def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
+    """``<state_dir>/guard.json``, which a guard writes when its status endpoint listens (``status_port``);
+    None when absent or unreadable. It is kept after the guard stops: alone it proves nothing."""
+    try:
+        data = read_json(f"{state_dir}/{locks.GUARD_INFO}")
+    except StateError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def live_guard(state_dir: str) -> dict[str, Any] | None:
+    """The guard holding ``state_dir`` now: ``{"pid": ...}`` from its lock, with what its guard.json says
+    when that pid wrote it (its endpoint); None when no live process holds the lock."""
+    if not locks.is_running(state_dir):
+        return None
+    try:
+        lock = read_json(Path(state_dir) / locks.GUARD_LOCK)
+    except StateError:
+        lock = None
+    pid = lock.get("pid") if isinstance(lock, dict) else None
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return None
+    info = read_endpoint_file(state_dir) or {}
+    return {**info, "pid": pid} if info.get("pid") == pid else {"pid": pid, "started": lock.get("started")}
 
 
 def find_endpoint(args: argparse.Namespace, environ: Mapping[str, str]) -> Endpoint:
-    """Locate the running guard from guard.json, else the config; ClientError when it is not there."""
+    """The running guard of the state dir (or, with --status-port and no guard there, that port)."""
     try:
         cfg = config.resolve(args, environ, require_model=False)
     except config.ConfigError as exc:
         raise ClientError(f"vllm-guard: {exc}") from None
-    data = read_endpoint_file(cfg.state_dir)
-    pid: int | None = None
+    state_dir = os.path.abspath(cfg.state_dir)
     token_file = getattr(args, "token_file", None) or cfg.status.token_file or None
-    host, port = cfg.status.host, cfg.status.port
-    if data is not None:
-        pid = data.get("pid") if isinstance(data.get("pid"), int) else None
-        used = data.get("status_port")
-        if pid is not None and not pid_alive(pid):
+    guard = live_guard(state_dir)
+    if guard is None:
+        port = getattr(args, "status_port", None)
+        if port is not None:           # a port given by hand: asked for /status, never sent the token
+            if not port:
+                raise ClientError("vllm-guard's status endpoint is disabled (status.port = 0)")
+            host = getattr(args, "status_host", None) or cfg.status.host
+            return Endpoint(f"http://{probe_host(host)}:{port}", None, state_dir, None)
+        stale = read_endpoint_file(state_dir)
+        if stale and isinstance(stale.get("pid"), int):
+            used = stale.get("status_port")
             on = f"; it listened on port {used}" if isinstance(used, int) else ""
-            raise ClientError(f"vllm-guard is not running (pid {pid} of {cfg.state_dir} is gone{on})")
-        if not isinstance(used, int) and getattr(args, "status_port", None) is None:
-            raise ClientError(f"vllm-guard (pid {pid}) has no status endpoint "
-                              f"(still starting, or status.port = 0)")
-        host, port = data.get("status_host") or host, used if isinstance(used, int) else port
-        token_file = token_file or data.get("token_file")
-    if getattr(args, "status_host", None):
-        host = args.status_host
-    if getattr(args, "status_port", None) is not None:
-        port = args.status_port
-    if not port:
-        raise ClientError("vllm-guard's status endpoint is disabled (status.port = 0)")
-    token = auth.read_client_token(token_file, environ)
-    return Endpoint(f"http://{probe_host(host)}:{port}", token, cfg.state_dir, pid)
+            gone = "no longer holds it" if pid_alive(stale["pid"]) else "is gone"
+            raise ClientError(f"vllm-guard is not running in {state_dir} (pid {stale['pid']} {gone}{on})")
+        raise ClientError(f"no vllm-guard is running in {state_dir} (no guard holds it; "
+                          f"give the guard's --state-dir, or see `vllm-guard ps`)")
+    used = guard.get("status_port")
+    if not isinstance(used, int):
+        raise ClientError(f"vllm-guard (pid {guard['pid']}) has no status endpoint "
+                          f"(still starting, or status.port = 0)")
+    host = guard.get("status_host") or cfg.status.host
+    return Endpoint(f"http://{probe_host(host)}:{used}", token_file or guard.get("token_file"), state_dir,
+                    guard["pid"])
 
 
-def _request(ep: Endpoint, method: str, path: str) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+def _call(ep: Endpoint, method: str, path: str, token: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         with httpx.Client(timeout=TIMEOUT) as client:
             response = client.request(method, ep.url + path, headers=headers)
@@ -144,22 +188,40 @@ def _request(ep: Endpoint, method: str, path: str) -> httpx.Response:
         raise ClientError(f"vllm-guard at {ep.url} did not answer within {TIMEOUT.read:g} s") from None
     except httpx.HTTPError as exc:
         raise ClientError(f"cannot reach vllm-guard at {ep.url}: {exc}") from None
-    if response.status_code == 401:
-        raise ClientError(f"no token to send: set {auth.TOKEN_ENV}, --token-file, or --state-dir of the guard "
-                          f"(it writes one to <state dir>/{auth.TOKEN_FILE_NAME} and names it in guard.json)")
-    if response.status_code == 403:
-        raise ClientError("the guard rejected the token (it changes each start unless you set one)")
     return response
 
 
-def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
-    """``<state_dir>/guard.json``, which a guard writes when it takes the state dir and again once its
-    status endpoint listens (``status_port``); None when absent or unreadable."""
+def get_status(ep: Endpoint) -> dict[str, Any]:
+    """``GET /status`` (no token), checked to come from the guard that holds the state dir."""
+    r = _call(ep, "GET", "/status")
+    if r.status_code != 200:
+        raise ClientError(f"/status answered {r.status_code}: {r.text.strip()[:200]}")
     try:
-        data = statedir.read_json(f"{state_dir}/{statedir.GUARD_INFO}")
-    except statedir.StateError:
-        return None
-    return data if isinstance(data, dict) else None
+        snap = r.json()
+    except ValueError:
+        raise ClientError(f"{ep.url}/status did not answer JSON: not a vllm-guard") from None
+    if not isinstance(snap, dict):
+        raise ClientError(f"{ep.url}/status did not answer a status document: not a vllm-guard")
+    if ep.pid is not None and snap.get("guard_pid") != ep.pid:
+        raise ClientError(f"{ep.url} answers for pid {snap.get('guard_pid')}, not for the guard that holds "
+                          f"{ep.state_dir} (pid {ep.pid}); nothing was sent to it")
+    return snap
+
+
+def post(ep: Endpoint, path: str, environ: Mapping[str, str]) -> httpx.Response:
+    """``POST`` with the bearer token, to the guard that holds the state dir and answers as itself."""
+    if ep.pid is None:
+        raise ClientError(f"no vllm-guard holds {ep.state_dir}: the token is sent only to a running guard "
+                          f"found through its state dir (give --state-dir), not to whatever answers on a port")
+    get_status(ep)                   # the endpoint is that guard's before the token goes to it
+    token = auth.read_client_token(ep.token_file, environ)
+    r = _call(ep, "POST", path, token)
+    if r.status_code == 401:
+        raise ClientError(f"no token to send: set {auth.TOKEN_ENV}, --token-file, or --state-dir of the guard "
+                          f"(it writes one to <state dir>/{auth.TOKEN_FILE_NAME} and names it in guard.json)")
+    if r.status_code == 403:
+        raise ClientError("the guard rejected the token (it changes each start unless you set one)")
+    return r
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -199,41 +261,69 @@ def _probe(snap: Mapping[str, Any]) -> str:
     p = snap.get("last_probe") or snap.get("probe")
     if not isinstance(p, Mapping):
         return "none yet"
-    if "latency_ms" in p:
-        latency = f"{p['latency_ms']:g} ms" if isinstance(p["latency_ms"], (int, float)) else "-"
-    elif isinstance(p.get("latency_s"), (int, float)):
-        latency = f"{p['latency_s'] * 1000:.0f} ms"
-    else:
-        latency = "-"
-    text = ("ok" if p.get("ok") else "failed") + f" in {latency}"
-    if not p.get("ok") and p.get("error"):
-        text += f": {p['error']}"
+    progress = _mapping(snap.get("progress"))
+    text = probe_text(p, str(snap.get("state", "")), progress.get("elapsed_s"))
     at = p.get("at")
     if isinstance(at, (int, float)):
         text += f", {_duration(max(0.0, time.time() - at))} ago"
     return text
 
 
+def _state(snap: Mapping[str, Any]) -> str:
+    """The state, with where the launch is: ``starting: launch 2, loading weights 40%, 12 s``."""
+    state = str(snap.get("state", "?"))
+    p = snap.get("progress")
+    if not isinstance(p, Mapping) or not p.get("launch"):
+        return state
+    if state == "healthy":
+        since = snap.get("healthy_for_s")
+        return f"healthy: launch {p['launch']} serving" + (f" for {_duration(since)}" if since is not None else "")
+    if state in ("starting", "restarting"):
+        text = f"{state}: launch {p['launch']}, {p.get('text') or 'launching vLLM'}"
+        if isinstance(p.get("elapsed_s"), (int, float)):
+            text += f", {seconds_text(p['elapsed_s'])}"
+        return text
+    return state
+
+
+def _failure(snap: Mapping[str, Any]) -> tuple[str, str] | None:
+    f = snap.get("last_failure")
+    if not isinstance(f, Mapping):
+        f = last_failure(r for r in snap.get("launches") or [] if isinstance(r, Mapping))
+    if not f:
+        return None
+    head = f"launch {f.get('launch')} {f.get('outcome', 'failed')}: {f.get('kind')}"
+    if f.get("phase"):
+        head += f" while {PHASE_TEXT.get(str(f['phase']), f['phase'])}"
+    head += " (healed)" if f.get("healed") else ""
+    return head, str(f.get("evidence") or "")[:200]
+
+
 def render_human(snap: Mapping[str, Any]) -> str:
-    """The compact view of a /status document: state, model, pid, uptime, launches, probe, context, flags."""
+    """The compact view of a /status document: state and phase, vLLM's URL, model, pid, uptime, launches,
+    probe, context, the last failure (and whether it was healed), changed flags."""
     launches = snap.get("launches") or []
-    rows = [
-        ("state", str(snap.get("state", "?"))),
+    rows = [("state", _state(snap))]
+    vllm = _mapping(snap.get("vllm"))
+    if vllm.get("url"):
+        rows.append(("vllm", str(vllm["url"]) + (f" (vLLM {vllm['version']})" if vllm.get("version") else "")))
+    rows += [
         ("model", str(snap.get("model") or "-")),
         ("pid", str(snap.get("pid") or "-")
          + (f" (guard {snap['guard_pid']})" if snap.get("guard_pid") else "")),
         ("uptime", _duration(snap.get("uptime_s", snap.get("uptime")))),
-        ("launches", str(len(launches)) + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
+        ("launches", str(len(launches))
+         + (f", {_plural(snap['restarts'], 'restart')}" if snap.get("restarts") else "")),
         ("probe", _probe(snap)),
     ]
     context = snap.get("context")
     if isinstance(context, Mapping) and context.get("text"):
         rows.append(("context", str(context["text"]).removeprefix("context ")))
-    last = launches[-1] if launches and isinstance(launches[-1], Mapping) else None
-    if last and last.get("kind"):
-        rows.append(("last exit", f"{last.get('outcome', '?')}: {last['kind']}"))
-        if last.get("evidence"):
-            rows.append(("evidence", str(last["evidence"])[:200]))
+    failure = _failure(snap)
+    if failure:
+        rows.append(("failure", failure[0]))
+        if failure[1]:
+            rows.append(("evidence", failure[1]))
     changed = _changed(snap)
     rows.append(("flags", changed[0] if changed else "as asked"))
     rows.extend(("", line) for line in changed[1:])
@@ -257,15 +347,15 @@ def run_client(command: str, args: argparse.Namespace, environ: Mapping[str, str
     try:
         ep = find_endpoint(args, environ)
         if command == "status":
-            r = _request(ep, "GET", "/status")
-            if r.status_code != 200:
-                raise ClientError(f"/status answered {r.status_code}: {r.text.strip()[:200]}")
-            snap = r.json()
+            watch = getattr(args, "watch", None)
+            if watch is not None:
+                return _watch(ep, max(0.2, watch), out, as_json)
+            snap = get_status(ep)
             out.write(json.dumps(snap, indent=2) + "\n" if as_json else render_human(snap))
             return EX_OK
         if command in ("restart", "stop"):
             path = "/restart?reset=1" if command == "restart" and getattr(args, "reset", False) else f"/{command}"
-            r = _request(ep, "POST", path)
+            r = post(ep, path, environ)
             if r.status_code != 202:
                 raise ClientError(f"{command} answered {r.status_code}: {r.text.strip()[:200]}")
             what = "restart (back to the flags you asked for)" if "reset" in path else command
@@ -279,8 +369,34 @@ def run_client(command: str, args: argparse.Namespace, environ: Mapping[str, str
         return EX_FAILURE
 
 
+def _watch(ep: Endpoint, every: float, out: TextIO, as_json: bool) -> int:
+    """``status --watch``: the view again every ``every`` seconds (redrawn in place on a terminal), until
+    interrupted (exit 0) or the guard goes away (its last words, exit 1)."""
+    tty = _isatty(out)
+    try:
+        while True:
+            snap = get_status(ep)
+            text = json.dumps(snap) + "\n" if as_json else render_human(snap)
+            if tty and not as_json:
+                stamp = time.strftime("%H:%M:%S")
+                out.write(f"\x1b[H\x1b[2J{text}\nevery {every:g} s, {stamp} (Ctrl-C to stop)\n")
+            else:
+                out.write(text + ("" if as_json else "\n"))
+            out.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return EX_OK
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def run_history(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
-    """Print the launches recorded in a state dir."""
+    """Print the launches recorded in a state dir, each guard run under its own heading."""
     out = sys.stdout if out is None else out
     try:
         state_dir = _state_dir(args, environ)
@@ -297,24 +413,73 @@ def run_history(args: argparse.Namespace, environ: Mapping[str, str], out: TextI
     if not records:
         out.write(f"no launches recorded in {state_dir}\n")
         return EX_OK
-    for r in records:
-        out.write(_history_line(r) + "\n")
+    for line in history_lines(records, live_guard(state_dir)):
+        out.write(line + "\n")
     return EX_OK
 
 
-def _history_line(r: Mapping[str, Any]) -> str:
-    when = r.get("started_at") or r.get("at")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
+def _stamp(when: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
+
+
+def history_lines(records: Sequence[Mapping[str, Any]], guard: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """The history as a person reads it: a heading for each guard run, then one line a launch saying what
+    happened in order (``healthy in 6 s, served 3 min 10 s, then restarted on request``)."""
+    run = object()
+    live_pid = guard.get("pid") if guard else None
+    for r in records:
+        if r.get("run") != run:
+            run = r.get("run")
+            pid, _, started = str(run or "").partition("-")
+            when = _stamp(int(started)) if started.isdigit() else _stamp(r.get("started_at") or r.get("at"))
+            yield f"── guard run started {when}" + (f" (pid {pid})" if pid.isdigit() else "") + " ──"
+        alive = bool(live_pid) and str(r.get("run") or "").partition("-")[0] == str(live_pid)
+        yield _history_line(r, alive)
+
+
+_AFTER_HEALTHY = {"restart": "then restarted on request", "reset": "then restarted with the flags you asked for",
+                  "stopped": "then stopped"}
+_BEFORE_HEALTHY = {"restart": "restarted on request while starting",
+                   "reset": "restarted with the flags you asked for while starting",
+                   "stopped": "stopped while starting"}
+
+
+def _history_line(r: Mapping[str, Any], alive: bool = False) -> str:
+    stamp = _stamp(r.get("started_at") or r.get("at"))
     if r.get("event") == "gave_up":
         return f"{stamp}  gave up (exit {r.get('exit_code')}): {r.get('message', '')}"
-    line = f"{stamp}  launch {r.get('n')}  {r.get('outcome', '?')}"
-    if r.get("time_to_healthy_s") is not None:
-        line += f" in {r['time_to_healthy_s']} s"
+    outcome = str(r.get("outcome") or "?")
+    healthy_in = r.get("time_to_healthy_s")
+    ended, started = r.get("ended_at"), r.get("started_at")
+    failure = ""
     if r.get("kind"):
-        line += f"  {r['kind']}: {str(r.get('evidence') or '')[:160]}"
+        failure = f"{r['kind']}: {str(r.get('evidence') or '')[:160]}"
+    if isinstance(healthy_in, (int, float)):
+        what = f"healthy in {seconds_text(healthy_in)}"
+        if isinstance(ended, (int, float)) and isinstance(started, (int, float)):
+            what += f", served {seconds_text(max(0.0, ended - started - healthy_in))}"
+        if outcome == "died":
+            what += f", then died: {failure}" if failure else ", then died"
+        elif outcome in _AFTER_HEALTHY:
+            what += ", " + _AFTER_HEALTHY[outcome]
+        elif outcome == "healthy":
+            what += ", still serving" if alive else ", then the guard ended without recording more"
+        else:
+            what += f", then {outcome}"
+    elif outcome == "failed":
+        phase = PHASE_TEXT.get(str(r.get("phase")), r.get("phase"))
+        what = "failed" + (f" while {phase}" if phase else "") + (f": {failure}" if failure else "")
+    elif outcome in _BEFORE_HEALTHY:
+        what = _BEFORE_HEALTHY[outcome]
+    elif outcome == "running":
+        what = "starting" if alive else "started; the guard ended before it did"
+    else:
+        what = outcome + (f": {failure}" if failure else "")
+    line = f"{stamp}  launch {r.get('n')}  {what}"
     changed = r.get("changed_flags") or {}
     if isinstance(changed, Mapping) and changed:
-        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}" for k, v in changed.items()) + "]"
+        line += "  [" + ", ".join(f"{k} {v.get('value') if isinstance(v, Mapping) else v}"
+                                  for k, v in changed.items()) + "]"
     measured = r.get("measured") or {}
     if isinstance(measured, Mapping) and measured.get("kv_cache_tokens"):
         line += f"  KV {measured['kv_cache_tokens']} tokens"
@@ -350,63 +515,131 @@ def run_logs(args: argparse.Namespace, environ: Mapping[str, str], out: Any = No
 def run_ps(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
     """List the guards on this host."""
     out = sys.stdout if out is None else out
-    rows = [_guard_row(d) for d in _candidate_state_dirs(args, environ)]
-    rows = [r for r in rows if r is not None]
+    rows = [r for r in (_guard_row(d, pids) for d, pids in _find_guards(args, environ).items()) if r is not None]
     if getattr(args, "json", False):
         for r in rows:
             out.write(json.dumps(r) + "\n")
         return EX_OK
     if not rows:
-        out.write("no vllm-guard found (looked in the default state dirs; give --state-dir)\n")
+        out.write("no vllm-guard found (none in the process table, nor in the default state dirs, "
+                  "$VLLM_GUARD_STATE_DIR or --state-dir)\n")
         return EX_OK
-    head = ("STATE DIR", "PID", "STATE", "MODEL", "VLLM", "STATUS", "GPU MEMORY")
-    table = [head] + [(r["state_dir"], str(r["pid"] or "-"), r["state"], r["model"] or "-",
-                       r["vllm"] or "-", r["status"] or "-", r["gpu"] or "-") for r in rows]
+    head = ("STATE DIR", "PID", "STATE", "MODEL", "VLLM", "STATUS", "GPU MEMORY", "NOW")
+    table = [head] + [(r["state_dir"], str(r["pid"] or "-"), r["state"], r["model"] or "-", r["vllm"] or "-",
+                       r["status"] or "-", r["gpu"] or "-", r["now"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() + "\n")
     return EX_OK
 
 
-def _candidate_state_dirs(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
-    """The default state dir, its siblings, the systemd units' (/var/lib/vllm-guard[/*]), and --state-dir."""
+def _guard_processes() -> dict[str, list[int]]:
+    """Running guards from the process table: state dir -> pids. A guard holds ``<state dir>/guard.lock``
+    open (its flock) for its whole life, so the open file names the dir however it was chosen (flag,
+    variable, config file, systemd); where another user's files cannot be read, its command line and
+    environment say it (``--state-dir``, ``$VLLM_GUARD_STATE_DIR``, the default)."""
+    found: dict[str, list[int]] = {}
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            argv = p.info.get("cmdline") or []
+            if p.pid == me or not _is_guard_argv(argv):
+                continue
+            dirs = [os.path.dirname(f.path) for f in p.open_files()
+                    if os.path.basename(f.path) == locks.GUARD_LOCK]
+        except psutil.AccessDenied:
+            dirs = _declared_state_dir(p, argv)
+        except psutil.Error:
+            continue
+        for d in dirs:
+            found.setdefault(os.path.abspath(d), []).append(p.pid)
+    return found
+
+
+def _is_guard_argv(argv: list[str]) -> bool:
+    """``vllm-guard start|serve ...`` or ``python -m supervisor start|serve ...``."""
+    for i, word in enumerate(argv[:4]):
+        rest = argv[i + 1:i + 2]
+        if os.path.basename(word) == "vllm-guard" or (word == "-m" and rest == ["supervisor"]):
+            following = argv[i + (2 if word == "-m" else 1):]
+            return bool(following) and following[0] in ("start", "serve")
+    return False
+
+
+def _declared_state_dir(p: psutil.Process, argv: list[str]) -> list[str]:
+    try:
+        cwd = p.cwd()
+    except psutil.Error:
+        cwd = "/"
+    for i, word in enumerate(argv):
+        if word == "--state-dir" and i + 1 < len(argv):
+            return [os.path.join(cwd, os.path.expanduser(argv[i + 1]))]
+        if word.startswith("--state-dir="):
+            return [os.path.join(cwd, os.path.expanduser(word.split("=", 1)[1]))]
+    try:
+        env = p.environ()
+    except psutil.Error:
+        return []
+    return [os.path.join(cwd, env.get("VLLM_GUARD_STATE_DIR") or config.default_state_dir(env))]
+
+
+def _find_guards(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, list[int]]:
+    """Every state dir to show: the running guards' (process table), --state-dir, this user's own
+    (``$VLLM_GUARD_STATE_DIR`` included), the default dirs and the systemd units' (/var/lib/vllm-guard[/*])."""
+    found = _guard_processes()
     dirs = list(getattr(args, "state_dir", []) or [])
-    default = config.default_state_dir(environ)
-    for root in (default, "/var/lib/vllm-guard"):
+    try:
+        dirs.append(_state_dir(argparse.Namespace(), environ))
+    except ClientError:
+        pass
+    for root in (config.default_state_dir(environ), "/var/lib/vllm-guard"):
         dirs.append(root)
         try:
             dirs += sorted(str(p) for p in Path(root).iterdir() if p.is_dir())
         except OSError:
             pass
-    seen: list[str] = []
     for d in dirs:
         d = os.path.abspath(os.path.expanduser(d))
-        if d not in seen and (Path(d) / statedir.GUARD_INFO).exists():
-            seen.append(d)
-    return seen
+        marks = (Path(d) / locks.GUARD_INFO, Path(d) / locks.GUARD_LOCK)
+        if d not in found and any(os.path.lexists(p) for p in marks):
+            found[d] = []
+    return found
 
 
-def _guard_row(state_dir: str) -> dict[str, Any] | None:
-    info = read_endpoint_file(state_dir)
-    if info is None:
+def _guard_row(state_dir: str, pids: list[int]) -> dict[str, Any] | None:
+    guard = live_guard(state_dir)
+    info = guard or read_endpoint_file(state_dir)
+    if info is None and not pids:
         return None
-    pid = info.get("pid") if isinstance(info.get("pid"), int) else None
-    running = pid is not None and pid_alive(pid) and statedir.is_running(state_dir)
-    row: dict[str, Any] = {"state_dir": state_dir, "pid": pid if running else None,
-                           "state": "running" if running else "stopped", "model": None, "vllm": None,
-                           "status": None, "gpu": None}
-    port = info.get("status_port")
-    if running and isinstance(port, int):
-        row["status"] = f"{info.get('status_host') or '127.0.0.1'}:{port}"
+    row: dict[str, Any] = {"state_dir": state_dir, "pid": guard["pid"] if guard else (pids[0] if pids else None),
+                           "state": "running" if guard or pids else "stopped", "model": None, "vllm": None,
+                           "status": None, "gpu": None, "now": None, "progress": None, "last_failure": None}
+    port = guard.get("status_port") if guard else None
+    if guard and isinstance(port, int):
+        host = guard.get("status_host") or "127.0.0.1"
+        row["status"] = f"{host}:{port}"
         try:
-            r = httpx.get(f"http://{probe_host(info.get('status_host') or '127.0.0.1')}:{port}/status", timeout=TIMEOUT)
-            snap = r.json() if r.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
+            snap = get_status(Endpoint(f"http://{probe_host(host)}:{port}", None, state_dir, guard["pid"]))
+        except ClientError:
             snap = {}
-        if isinstance(snap, Mapping) and snap:
+        if snap:
             vllm = snap.get("vllm") or {}
             row.update(state=str(snap.get("state", "running")), model=snap.get("model"),
-                       vllm=f"{vllm.get('host')}:{vllm.get('port')}" if vllm.get("port") else None,
+                       vllm=vllm.get("url") or (f"{vllm.get('host')}:{vllm.get('port')}" if vllm.get("port") else None),
                        gpu=", ".join(f"GPU{d.get('index')} {d.get('used_gib')}/{d.get('total_gib')} GiB"
-                                     for d in snap.get("gpu") or [] if isinstance(d, Mapping)) or None)
+                                     for d in snap.get("gpu") or [] if isinstance(d, Mapping)) or None,
+                       progress=snap.get("progress"), last_failure=snap.get("last_failure"),
+                       now=_ps_now(snap))
+    elif not guard and pids:
+        row["now"] = "cannot read its state dir" if not info else "starting"
     return row
+
+
+def _ps_now(snap: Mapping[str, Any]) -> str:
+    """``ps``'s last column: where the launch is and the last failure (``launch 2, loading weights 40%, 12 s;
+    healed kv_cache_insufficient``)."""
+    text = _state(snap).partition(": ")[2] or str(snap.get("state", ""))
+    f = snap.get("last_failure")
+    if isinstance(f, Mapping) and f.get("kind"):
+        text += f"; {'healed' if f.get('healed') else 'last failure'} {f['kind']}"
+    return text

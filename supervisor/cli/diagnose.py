@@ -15,7 +15,8 @@ import json
 import math
 import random
 import sys
-from typing import IO, Any, Iterator
+from collections.abc import Iterator
+from typing import IO, Any
 
 from supervisor.config import GuardConfig, PlanConfig
 from supervisor.core.classifier import Classifier

@@ -14,7 +14,8 @@ import os
 import random
 import shlex
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, TextIO, cast
 
 from supervisor import config
 from supervisor.errors import EX_OK, EX_USAGE, GuardError
@@ -85,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     live = None
     as_json = {"json": True, "console": False}.get(cfg.log_format)
     if not cfg.quiet and sys.stderr.isatty() and as_json is not True:
-        from supervisor.shell.live import LiveLine, proxy
+        from supervisor.shell.live import attach
 
-        live = LiveLine(sys.stderr)
-        logs.configure_logging(json=as_json, level=cfg.log_level, stream=proxy(live))
+        live, stream = attach()
+        logs.configure_logging(json=as_json, level=cfg.log_level, stream=cast(TextIO, stream))
     else:
         logs.configure_logging(json=as_json, level=cfg.log_level)
     guard = Guard(cfg, live=live)
@@ -96,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(guard.run())
     except KeyboardInterrupt:      # a second Ctrl-C while stopping
         return 130
+    finally:
+        if live is not None:
+            live.close()
 
 
 def dry_run(cfg: config.GuardConfig) -> int:
@@ -103,12 +107,13 @@ def dry_run(cfg: config.GuardConfig) -> int:
     from supervisor import facts
     from supervisor.core.session import Session
     from supervisor.facts.nvml import NvmlProvider
-    from supervisor.shell import statedir
+    from supervisor.shell import learned
 
     try:
         gathered = facts.gather(cfg, os.environ, NvmlProvider())
         state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or config.default_state_dir(os.environ)))
-        found, _key = statedir.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn else (gathered.facts, None)
+        found, _key = (learned.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn
+                       else (gathered.facts, None))
     except GuardError as e:
         print(REGISTRY.text(f"vllm-guard: {e}"), file=sys.stderr)
         return e.exit_code

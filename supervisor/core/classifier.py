@@ -31,14 +31,35 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from supervisor.core import exits
 from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
-from supervisor.core.messages import (COLLATERAL_ERRORS, REQUEST_ERRORS, REQUEST_FRAMES, RUNTIME_MARKERS, STOP_PREFIXES, _CAPTURE, _CUDA, _FATAL,
-                                      _FRAME_PHASE, _INFO_PREFIXES, _INFO_RULES, _KEYS, _MILESTONE_PREFIXES,
-                                      _MILESTONES, _OOM, _RULES, _RX_LOGO, _SERVING_PREFIXES, _WARN_KEYS, _WARN_RULES,
-                                      _WEAK_FRAMES, _info_numbers)
+from supervisor.core.messages import (
+    _CAPTURE,
+    _CUDA,
+    _FATAL,
+    _FRAME_PHASE,
+    _INFO_PREFIXES,
+    _INFO_RULES,
+    _KEYS,
+    _MILESTONE_PREFIXES,
+    _MILESTONES,
+    _OOM,
+    _RULES,
+    _RX_LOGO,
+    _SERVING_PREFIXES,
+    _WARN_KEYS,
+    _WARN_RULES,
+    _WEAK_FRAMES,
+    COLLATERAL_ERRORS,
+    REQUEST_ERRORS,
+    REQUEST_FRAMES,
+    RUNTIME_MARKERS,
+    STOP_PREFIXES,
+    _info_numbers,
+)
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 _KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 1 MB lines
@@ -130,7 +151,7 @@ class Classifier:
         return self._serving
 
     @property
-    def numbers(self) -> dict:
+    def numbers(self) -> dict[str, Any]:
         """Numbers stated so far by milestone and configuration lines."""
         return _public(dict(self._numbers))
 
@@ -165,7 +186,8 @@ class Classifier:
         numbers = _public(dict(self._numbers))
         if self._terminated or self._stopping:
             return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
-                             "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); nothing failed.")
+                             "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); "
+                             "nothing failed.")
         unknown = self._last_exc or self._exc_after_wrapper
         if self._open_traceback and not unknown:
             unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"
@@ -178,7 +200,8 @@ class Classifier:
         if unknown and (exited or not self._serving):
             how = f"{exits.describe(exit_code)} after" if exited else "The start-up ended with"
             return Diagnosis(Kind.UNKNOWN_FAILURE, _trim(unknown), numbers, phase,
-                             f"{how} a failure no rule of this tool names; the evidence is its root cause's exception line.")
+                             f"{how} a failure no rule of this tool names; the evidence is its root cause's "
+                             "exception line.")
         if exited:
             return Diagnosis(Kind.UNKNOWN_FAILURE, exits.describe(exit_code), numbers, self.phase,
                              f"{exits.describe(exit_code)} and printed no failure this tool recognises.")
@@ -334,7 +357,7 @@ class Classifier:
             return   # traceback source lines never carry a failure of their own
         self._check(text, level, rank)
 
-    def _frame(self, m: re.Match, stripped: str) -> None:
+    def _frame(self, m: re.Match[str], stripped: str) -> None:
         """A traceback frame: where the failure happened, read from the deepest frame of a known phase."""
         self._open_traceback = stripped[:200]
         self._from_vllm = True
@@ -368,7 +391,7 @@ class Classifier:
         self._raise_open = stripped.startswith("raise ") and not stripped.endswith(")")
         if self._request:
             return                       # a request handler raising: that request's error
-        for key, index in _KEYS:
+        for key, _index in _KEYS:
             if key in stripped:
                 self._check(stripped, level, rank, cap=_SOURCE)
                 return

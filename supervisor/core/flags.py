@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 #: Flags that take no value (``store_true`` or ``BooleanOptionalAction`` in vLLM).
 BOOLEAN_FLAGS = frozenset(
@@ -203,20 +203,20 @@ class Flags:
 
     __slots__ = ("_entries", "_base")
 
-    def __init__(self, entries: Iterable[_Entry] = (), base: "Flags | None" = None) -> None:
+    def __init__(self, entries: Iterable[_Entry] = (), base: Flags | None = None) -> None:
         self._entries: tuple[_Entry, ...] = tuple(entries)
         self._base = base
 
     @property
-    def base(self) -> "Flags | None":
+    def base(self) -> Flags | None:
         return self._base
 
-    def with_base(self, base: "Flags | None") -> "Flags":
+    def with_base(self, base: Flags | None) -> Flags:
         """These flags over ``base`` (flags vLLM reads from its config file)."""
         return Flags(self._entries, base)
 
     @classmethod
-    def parse(cls, args: Sequence[str] | str, base: "Flags | None" = None) -> "Flags":
+    def parse(cls, args: Sequence[str] | str, base: Flags | None = None) -> Flags:
         """Parse argv tokens (or a shell string) the way vLLM's argparse would see them."""
         tokens = shlex.split(args) if isinstance(args, str) else list(args)
         entries: list[_Entry] = []
@@ -294,7 +294,7 @@ class Flags:
         return [e.name for e in self._entries if e.name is not None]
 
     # -- changes (each returns a new Flags) --------------------------------------------------
-    def set(self, name: str, value: str | int | float | None = None) -> "Flags":
+    def set(self, name: str, value: str | int | float | None = None) -> Flags:
         """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood."""
         name = canonical(name)
         text = None if value is None else format_value(value)
@@ -313,7 +313,7 @@ class Flags:
             out.append(new)
         return Flags(out, self._base)
 
-    def remove(self, name: str) -> "Flags":
+    def remove(self, name: str) -> Flags:
         """Without ``name`` on the command line (a value from the config file still stands)."""
         name = canonical(name)
         neg = "--no-" + name[2:]

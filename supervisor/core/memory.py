@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from supervisor.core import vllm
+from supervisor.core.gpus import sm_count
 from supervisor.core.model import ModelInfo, QuantScheme, Shape, checkpoint_bytes, quant_scheme, weight_parts
 from supervisor.core.units import GiB, MiB
 
@@ -77,31 +79,94 @@ def kv_bytes_per_token(info: ModelInfo, *, tp: int = 1, kv_cache_dtype: str = "a
 
 
 def _layers_on_rank(info: ModelInfo, pp: int) -> tuple[int, int]:
-    """(full, sliding) layers on the busiest pipeline stage."""
+    """(full, windowed) layers on the busiest pipeline stage (windowed: sliding or chunked)."""
     pp = max(1, pp)
-    return _cdiv(info.full_layers, pp), _cdiv(info.sliding_layers, pp)
+    return _cdiv(info.full_layers, pp), _cdiv(info.sliding_layers + info.chunked_layers, pp)
+
+
+@dataclass(frozen=True)
+class KvGroups:
+    """How vLLM V1 groups a model's attention layers into KV-cache groups (``get_kv_cache_groups``).
+
+    One group when every layer has the same spec (all full, or all sliding with one window): its block
+    holds one page per layer of the stage. A hybrid model (full + sliding or chunked layers) is split into
+    groups of ``size`` layers of one kind each (``_get_kv_cache_groups_uniform_page_size``: the smallest
+    kind's count, or the largest where that is under 1.5x the smallest; the last group of a kind padded),
+    and one block id spans a group: its memory is ``size`` pages.
+    """
+
+    size: int                     # layers per group on the busiest stage (pages per block id)
+    kinds: tuple[str, ...]        # one entry per group: "full", "sliding" or "chunked"
+
+    @property
+    def uniform(self) -> bool:
+        return len(self.kinds) == 1
+
+
+def kv_groups(info: ModelInfo, *, pp: int = 1, hybrid: bool = True) -> KvGroups:
+    """The KV-cache groups of ``info`` on the busiest pipeline stage (``hybrid=False``: vLLM's
+    ``--disable-hybrid-kv-cache-manager`` or an engine without the manager: every layer full)."""
+    pp = max(1, pp)
+    counts = {"full": info.full_layers, "sliding": info.sliding_layers, "chunked": info.chunked_layers}
+    if not hybrid:
+        counts = {"full": info.num_layers, "sliding": 0, "chunked": 0}
+    present = {k: n for k, n in counts.items() if n > 0}
+    if len(present) <= 1:
+        kind = next(iter(present), "full")
+        return KvGroups(max(stage_layers(info.num_layers, pp)), (kind,))
+    lo, hi = min(present.values()), max(present.values())
+    size = hi if hi < lo * 1.5 else lo
+    kinds = tuple(k for k, n in present.items() for _ in range(_cdiv(n, size)))
+    # PP: each stage holds its share of every group (layers[i::num_groups]), so a block id spans fewer pages.
+    return KvGroups(_cdiv(size, pp), kinds)
+
+
+def _blocks_for(kind: str, length: int, info: ModelInfo, block_size: int, max_num_batched_tokens: int) -> int:
+    """Blocks one request of ``length`` tokens needs in one layer of ``kind`` (``max_memory_usage_bytes``
+    of FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec in ``v1/kv_cache_interface.py``)."""
+    if kind == "sliding" and info.sliding_window:
+        return _cdiv(min(info.sliding_window - 1 + max_num_batched_tokens, length), block_size) + 1
+    if kind == "chunked" and info.attention_chunk_size:
+        return _cdiv(min(info.attention_chunk_size + max_num_batched_tokens, length), block_size)
+    return _cdiv(length, block_size)
 
 
 def kv_needed_bytes(info: ModelInfo, max_model_len: int, *, block_size: int = 16, tp: int = 1, pp: int = 1,
                     kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048, hybrid: bool = True,
                     dtype: str | None = None) -> int:
-    """KV bytes vLLM V1 demands for one request of max_model_len (``max_memory_usage_bytes`` summed over layers)."""
+    """KV bytes vLLM V1 demands for one request of max_model_len on the busiest stage
+    (``_max_memory_usage_bytes_from_groups``: pages per block id x the blocks every group needs)."""
     page = page_bytes(info, block_size=block_size, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
-    full, sliding = _layers_on_rank(info, pp)
-    if not hybrid or not info.sliding_window:
-        full, sliding = full + sliding, 0
-    need = full * _cdiv(max_model_len, block_size)
-    if sliding:
-        window_tokens = min(info.sliding_window - 1 + max_num_batched_tokens, max_model_len)
-        need += sliding * (_cdiv(window_tokens, block_size) + 1)
-    return need * page
+    g = kv_groups(info, pp=pp, hybrid=hybrid)
+    return g.size * page * sum(_blocks_for(k, max_model_len, info, block_size, max_num_batched_tokens)
+                               for k in g.kinds)
 
 
 def _bytes_per_pool_block(info: ModelInfo, page: int, pp: int, hybrid: bool) -> int:
-    full, sliding = _layers_on_rank(info, pp)
-    if hybrid and info.sliding_window and full and sliding:
-        return page * min(full, sliding)      # one block id spans one group
-    return page * (full + sliding)
+    """One block id's memory: a page in every layer of its group."""
+    return page * kv_groups(info, pp=pp, hybrid=hybrid).size
+
+
+def kv_cache_blocks(kv_budget_bytes: int, info: ModelInfo, *, block_size: int = 16, tp: int = 1, pp: int = 1,
+                    kv_cache_dtype: str = "auto", hybrid: bool | None = None, vllm_version: str | None = None,
+                    dtype: str | None = None) -> int:
+    """The block pool vLLM allocates from a KV budget per rank (``get_num_blocks``: budget // page // layers per
+    block id), the null block included."""
+    hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
+    page = page_bytes(info, block_size=block_size, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    return max(0, int(kv_budget_bytes) // _bytes_per_pool_block(info, page, pp, hybrid))
+
+
+def kv_cache_tokens(kv_budget_bytes: int, info: ModelInfo, *, block_size: int = 16, tp: int = 1, pp: int = 1,
+                    kv_cache_dtype: str = "auto", hybrid: bool | None = None, vllm_version: str | None = None,
+                    dtype: str | None = None) -> int:
+    """What vLLM prints as "GPU KV cache size: N tokens" (``_report_kv_cache_config``): the pool's blocks
+    shared out over the groups, times the block size. For a hybrid model this is the tokens every layer
+    could hold at once, less than the longest single request vLLM accepts (:func:`fit_max_model_len`)."""
+    hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
+    blocks = kv_cache_blocks(kv_budget_bytes, info, block_size=block_size, tp=tp, pp=pp,
+                             kv_cache_dtype=kv_cache_dtype, hybrid=hybrid, dtype=dtype)
+    return blocks // len(kv_groups(info, pp=pp, hybrid=hybrid).kinds) * block_size
 
 
 def usable_kv_bytes(kv_budget_bytes: int, info: ModelInfo, *, block_size: int = 16, tp: int = 1, pp: int = 1,
@@ -117,47 +182,59 @@ def usable_kv_bytes(kv_budget_bytes: int, info: ModelInfo, *, block_size: int = 
 
 def fit_max_model_len(kv_budget_bytes: int, info: ModelInfo, *, tp: int = 1, kv_cache_dtype: str = "auto",
                       block_size: int = 16, vllm_version: str | None = None, pp: int = 1, upper: int | None = None,
-                      max_num_batched_tokens: int = 2048, hybrid: bool | None = None, dtype: str | None = None) -> int:
-    """The largest max_model_len vLLM accepts with this KV budget per rank (its "estimated maximum model length"); 0 if none."""
+                      max_num_batched_tokens: int = 2048, hybrid: bool | None = None, dtype: str | None = None,
+                      within_kv_cache: bool = True) -> int:
+    """The largest max_model_len the plan offers for a KV budget per rank; 0 if none.
+
+    vLLM accepts a length whose one request fits the budget (``_check_enough_kv_cache_memory``, its
+    binary search ``_estimate_max_model_len_from_groups``, the null block held back from 0.29). For a
+    hybrid model that request can be several times what vLLM then prints as its KV cache size, so with
+    ``within_kv_cache`` (the plan's rule) the length is also held to "GPU KV cache size: N tokens"
+    (:func:`kv_cache_tokens`): a length the cache holds in every layer at once.
+    """
     hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
-    kw = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    kw: dict[str, Any] = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
     avail = usable_kv_bytes(kv_budget_bytes, info, vllm_version=vllm_version, hybrid=hybrid, **kw)
     if avail <= 0:
         return 0
-    if not (hybrid and info.sliding_window):
-        full, sliding = _layers_on_rank(info, pp)
-        per_block = page_bytes(info, block_size=block_size, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
-        fit = avail // (per_block * (full + sliding)) * block_size
-        return min(fit, upper) if upper else fit
+    g = kv_groups(info, pp=pp, hybrid=hybrid)
+    page = page_bytes(info, block_size=block_size, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
+    if g.uniform and g.kinds[0] == "full":
+        fit = avail // (page * g.size) * block_size
+    else:
+        def fits(n: int) -> bool:
+            return kv_needed_bytes(info, n, max_num_batched_tokens=max_num_batched_tokens, hybrid=hybrid,
+                                   **kw) <= avail
 
-    def fits(n: int) -> bool:
-        return kv_needed_bytes(info, n, max_num_batched_tokens=max_num_batched_tokens, hybrid=True, **kw) <= avail
-
-    hi = upper or 1 << 24
-    if fits(hi):
-        return hi
-    lo, best = 1, 0
-    while lo <= hi:                            # vLLM's own binary search (estimate_max_model_len)
-        mid = (lo + hi) // 2
-        if fits(mid):
-            best, lo = mid, mid + 1
+        hi = upper or 1 << 24
+        if fits(hi):
+            fit = hi
         else:
-            hi = mid - 1
-    return best
+            lo, fit = 1, 0
+            while lo <= hi:                            # vLLM's own binary search
+                mid = (lo + hi) // 2
+                if fits(mid):
+                    fit, lo = mid, mid + 1
+                else:
+                    hi = mid - 1
+    if within_kv_cache:
+        fit = min(fit, kv_cache_tokens(kv_budget_bytes, info, hybrid=hybrid, **kw))
+    return min(fit, upper) if upper else fit
 
 
 def max_concurrency(kv_budget_bytes: int, info: ModelInfo, context_len: int, *, block_size: int = 16, tp: int = 1,
                     pp: int = 1, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048,
                     hybrid: bool | None = None, vllm_version: str | None = None, dtype: str | None = None) -> float:
-    """Requests of context_len that fit at once, as vLLM logs it: pool blocks (null block included) / blocks per request."""
+    """Requests of context_len that fit at once, as vLLM logs it (``get_max_concurrency_for_kv_cache_config``):
+    pool blocks (null block included) / the blocks one request needs across the groups."""
     hybrid = vllm.hybrid_kv(vllm_version) if hybrid is None else hybrid
-    kw = dict(block_size=block_size, tp=tp, pp=pp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
-    need = kv_needed_bytes(info, context_len, max_num_batched_tokens=max_num_batched_tokens, hybrid=hybrid, **kw)
-    per_block = _bytes_per_pool_block(info, page_bytes(info, block_size=block_size, tp=tp,
-                                                       kv_cache_dtype=kv_cache_dtype, dtype=dtype), pp, hybrid)
-    if need <= 0 or kv_budget_bytes <= 0:
+    if context_len <= 0 or kv_budget_bytes <= 0:
         return 0.0
-    return round(kv_budget_bytes // per_block * per_block / need, 2)
+    g = kv_groups(info, pp=pp, hybrid=hybrid)
+    blocks = kv_cache_blocks(kv_budget_bytes, info, block_size=block_size, tp=tp, pp=pp,
+                             kv_cache_dtype=kv_cache_dtype, hybrid=hybrid, dtype=dtype)
+    need = sum(_blocks_for(k, context_len, info, block_size, max_num_batched_tokens) for k in g.kinds)
+    return round(blocks / need, 2) if need else 0.0
 
 
 
@@ -194,32 +271,66 @@ def gpu_compute_capability(device_name: str) -> tuple[int, int] | None:
 
 # -- the budget's estimated terms (docs/memory-model.md sections 2-5) ---------------------------
 
-#: Torch allocations of the profile run besides its forward and sampler tensors (cuBLAS/cuBLASLt and
-#: attention workspaces, persistent input buffers). Fitted across 8 calibration start-ups (V0 0.6.4-0.7,
-#: V1 0.11): 0.01-0.07 GiB.
-ACT_FIXED_BYTES = int(0.04 * GiB)
-#: Non-torch memory one rank adds while profiling at TP = PP = 1 (kernel images, cuBLAS handles).
-#: Fitted on six H100 0.11 start-ups: 0.13-0.14 GiB.
-NON_TORCH_BASE_BYTES = int(0.13 * GiB)
-#: More with TP or PP > 1 on a datacenter GPU (NCCL channel buffers created at the first collective,
-#: custom all-reduce): two H100 TP2 start-ups, +0.41 GiB; a prior +0.05 GiB per rank beyond 2.
-NON_TORCH_PARALLEL_BYTES = int(0.41 * GiB)
-NON_TORCH_PER_EXTRA_RANK_BYTES = int(0.05 * GiB)
-#: ... and on a consumer card (PCIe, NCCL through host memory): an RTX 4090 TP2 start-up, +0.12 GiB.
-NON_TORCH_PARALLEL_CONSUMER_BYTES = int(0.12 * GiB)
+#: The few constants the model fits on the calibration start-ups (``benchmarks/calibration`` and
+#: ``benchmarks/calibration-llmd``), one per term and regime, never one per start-up. ``benchmarks/accuracy.py``
+#: refits them from the printed figures (:func:`benchmarks.accuracy.fit`) -- leave-one-out and across the
+#: two sets -- and a test holds these values to what the fit returns. GiB.
+@dataclass(frozen=True)
+class Calibration:
+    #: Torch allocations of the profile run besides its forward and sampler tensors (cuBLAS/cuBLASLt and
+    #: attention workspaces, persistent input buffers): the median residual of the printed activation.
+    act_fixed: float = 0.04
+    #: Non-torch memory one rank adds while profiling at TP = PP = 1 (kernel images, cuBLAS handles):
+    #: before vLLM 0.17 (the 0.11 start-ups) and from it (the 0.19 sweep).
+    nt_single: float = 0.13
+    nt_single_017: float = 0.25
+    #: From 0.17 with TP or PP > 1 and no all-reduce fusion: what is left after the distributed start-up
+    #: (which allocates most of it before the snapshot).
+    nt_multi_017: float = 0.07
+    #: NCCL's buffers and the custom all-reduce at TP or PP = 2 on an NVLink/NVSwitch datacenter GPU, and
+    #: the growth per rank beyond 2 (a prior), before 0.17 or without the fusion.
+    nt_parallel: float = 0.41
+    nt_parallel_per_rank: float = 0.05
+    #: ... over PCIe (NCCL through host memory), per rank beyond 2 a prior.
+    nt_parallel_pcie: float = 0.12
+    nt_parallel_pcie_per_rank: float = 0.02
+    #: The FlashInfer all-reduce fusion's workspaces (0.17+, TP > 1 on Hopper/Blackwell) with NCCL's
+    #: buffers: at TP 2, and per rank beyond 2 (a least-squares line over the TP 2 and TP 4 start-ups).
+    nt_fusion: float = 2.01
+    nt_fusion_per_rank: float = 0.045
+    #: CUDA graphs (fitted on the 0.19 sweep's measured capture memory): a fixed part (GiB), MiB per
+    #: captured graph and decoder layer on the rank (least squares over the dense models), and more per
+    #: routed MoE layer (the median excess of the MoE models).
+    graph_fixed: float = 0.36
+    graph_per_graph_layer_mib: float = 0.161
+    graph_moe_per_graph_layer_mib: float = 0.33
+
+
+#: The constants in use (fitted on both calibration sets).
+CALIBRATION = Calibration()
+
+#: Torch allocations of the profile run besides its forward and sampler tensors (the fitted constant).
+ACT_FIXED_BYTES = int(CALIBRATION.act_fixed * GiB)
+#: Non-torch memory at TP = PP = 1 before vLLM 0.17 (the fitted constant; see :class:`Calibration`).
+NON_TORCH_BASE_BYTES = int(CALIBRATION.nt_single * GiB)
+#: More with TP or PP > 1 on an NVLink datacenter GPU before 0.17, and per rank beyond 2.
+NON_TORCH_PARALLEL_BYTES = int(CALIBRATION.nt_parallel * GiB)
+NON_TORCH_PER_EXTRA_RANK_BYTES = int(CALIBRATION.nt_parallel_per_rank * GiB)
+#: ... and over PCIe: an RTX 4090 TP2 start-up, +0.12 GiB.
+NON_TORCH_PARALLEL_CONSUMER_BYTES = int(CALIBRATION.nt_parallel_pcie * GiB)
 #: NCCL communicator buffers created after the snapshot in V0 and V1 <= 0.10 (a prior).
 NCCL_INIT_BYTES = int(0.15 * GiB)
 #: The CUDA context the global-cap families count as non-torch memory (an RTX 3090 start-up: 0.35 GiB
 #: with the base; datacenter GPUs load a larger context, a prior).
 CUDA_CONTEXT_CONSUMER_BYTES = int(0.25 * GiB)
 CUDA_CONTEXT_DATACENTER_BYTES = int(0.45 * GiB)
-#: CUDA-graph memory per captured graph and decoder layer, and a fixed part (priors: public 0.2x logs
-#: show 0.17-0.36 GiB per TP rank, about 1.1 GiB for an 80-layer model; no calibration start-up has it).
-GRAPH_PER_GRAPH_LAYER_BYTES = int(0.08 * MiB)
-GRAPH_FIXED_BYTES = 64 * MiB
 #: Before vLLM 0.20 graphs are captured outside the budget; the room left for them is the estimate's
 #: upper end (x2), and at least this.
 GRAPH_OUTSIDE_FLOOR_BYTES = int(0.5 * GiB)
+#: ... the estimate times this (the spread of the sweep's measured captures around it).
+GRAPH_RESERVE_FACTOR = 1.3
+#: SMs assumed for the Triton sampler's per-SM buffer when the GPU is not known (an H100's).
+DEFAULT_SMS = 132
 
 
 def _round_up(x: int, m: int) -> int:
@@ -247,32 +358,38 @@ def _expert_bytes(shape: Shape, q: QuantScheme, tp: int) -> float:
     return shape.experts * (elems * q.expert_bpw + bias)
 
 
-def rope_cache_bytes(shape: Shape) -> int:
-    """vLLM precomputes cos/sin for every position, one cache for all layers (DeepSeek's YaRN in fp32)."""
+def rope_cache_bytes(shape: Shape, dtype_bytes: float = 2) -> int:
+    """vLLM precomputes cos/sin for every position, one cache per distinct RoPE for all layers, in the
+    model dtype (``rotary_embedding/base.py``; linear scaling: max x factor positions); DeepSeek's
+    YaRN (MLA) in fp32."""
     if shape.mla:
         return shape.max_positions * shape.qk_rope * 4
-    return shape.max_positions * shape.rotary_dim * 2
+    return int(sum(shape.rope_caches or (shape.max_positions,)) * shape.rotary_dim * dtype_bytes)
 
 
 def weights_per_stage(info: ModelInfo, *, tp: int = 1, pp: int = 1, quantization: str | None = None,
                       compute_capability: tuple[int, int] | None = None, vllm_version: str | None = None,
-                      mxfp4_backend: str | None = None) -> list[int]:
+                      mxfp4_backend: str | None = None, dtype: str | None = None) -> list[int]:
     """What "Model loading took X GiB" prints on one rank of each pipeline stage.
 
-    The checkpoint's tensors as the quantization method holds them (padded by the MoE kernels),
-    sharded by TP (vocab-parallel embeddings, column/row-parallel linears; norms and routers
-    replicated) and split by PP, plus the rotary cos/sin cache. With an index (or the files) the
-    checkpoint part is scaled to the exact size read; otherwise it is the shape-based estimate.
+    The checkpoint's tensors as the quantization method holds them (``--quantization fp8`` quantizes a
+    16-bit checkpoint's linear layers at load; ``--dtype float32`` widens what stays unquantized), padded
+    by the MoE kernels, sharded by TP (vocab-parallel embeddings, column/row-parallel linears, the
+    vision towers; norms and routers replicated) and split by PP, plus the rotary cos/sin cache. With an
+    index (or the files) the checkpoint part is scaled to the exact size read -- the size of the
+    checkpoint as stored, before any load-time conversion; otherwise it is the shape-based estimate.
     """
     tp, pp = max(1, tp), max(1, pp)
     shape = info.shape
     if not shape.layers or not shape.hidden:
         return [int((info.weights_bytes or 0) / (tp * pp))] * pp
     q = quant_scheme(info.config, quantization=quantization, compute_capability=compute_capability,
-                     mxfp4_backend=mxfp4_backend, vllm_version=vllm_version)
+                     mxfp4_backend=mxfp4_backend, vllm_version=vllm_version, dtype=dtype)
+    stored = quant_scheme(info.config)
     p = weight_parts(shape)
-    ckpt = checkpoint_bytes(shape, q)
-    scale = (info.weights_bytes / ckpt) if info.weights_bytes and ckpt else 1.0
+    ckpt = checkpoint_bytes(shape, stored)
+    scale = (info.weights_bytes / ckpt) if info.weights_bytes and ckpt and info.weights_exact else 1.0
+    b16 = q.unquantized_bpw
     out, start = [], 0
     stages = stage_layers(shape.layers, pp)
     for i, layers in enumerate(stages):
@@ -281,31 +398,49 @@ def weights_per_stage(info: ModelInfo, *, tp: int = 1, pp: int = 1, quantization
         start += layers
         b = 0.0
         if i == 0:
-            b += p.embed * 2 / tp + p.vision * 2
+            b += p.embed * b16 / tp + p.vision * b16 / tp
         if i == len(stages) - 1:
-            b += p.lm_head * q.lm_head_bpw / tp + shape.hidden * 2
+            b += p.lm_head * q.lm_head_bpw / tp + shape.hidden * b16
             if shape.tied and pp > 1:
-                b += p.embed * 2 / tp
-        b += frac * (p.attn * q.linear_bpw / tp + p.mlp * q.mlp_bpw / tp + p.router * 2 + (p.norms - shape.hidden) * 2)
+                b += p.embed * b16 / tp
+        b += frac * (p.attn * q.linear_bpw / tp + p.mlp * q.mlp_bpw / tp + (p.router + p.norms - shape.hidden) * b16)
         b += moe_here * _expert_bytes(shape, q, tp)
-        out.append(int(b * scale + rope_cache_bytes(shape)))
+        out.append(int(b * scale + rope_cache_bytes(shape, b16)))
     return out
 
 
-def forward_peak_bytes(info: ModelInfo, tokens: int, *, tp: int = 1, dtype: str | None = None) -> int:
+def moe_workspace_bytes(info: ModelInfo, tokens: int, *, tp: int = 1, dtype: str | None = None,
+                        quantization: str | None = None) -> int:
+    """The fused-MoE buffers one rank keeps for ``tokens`` tokens (``TritonExperts.workspace_shapes``:
+    ``M x top_k x max(I, H)`` and ``M x top_k x max(2I, H)``; the gpt-oss Triton kernels keep
+    ``M x top_k x I`` and the output ``M x H``), I the experts' width on the rank."""
+    s = info.shape
+    if not s.experts or not s.topk:
+        return 0
+    act = model_dtype_bytes(info, dtype)
+    i = s.moe_intermediate // max(1, tp)
+    if info.quantization == "mxfp4":
+        return int(tokens * (s.topk * i + s.hidden) * act)
+    return int(tokens * s.topk * (max(i, s.hidden) + max(2 * i, s.hidden)) * act)
+
+
+def forward_peak_bytes(info: ModelInfo, tokens: int, *, tp: int = 1, dtype: str | None = None,
+                       persistent_moe: bool = False) -> int:
     """Peak of one decoder layer's MLP in the profile's dummy forward of ``tokens`` tokens on one rank.
 
     Live at the down projection: the layer input and residual (2 x H), the gate_up output (2 x I/tp),
     the activation's output (I/tp) and the down projection's output (H). A MoE layer holds the fused-MoE
-    caches per routed token (top-k x (3 x I_moe/tp + H)) and 3 x H.
+    caches per routed token (top-k x (3 x I_moe/tp + H)) and 3 x H; with ``persistent_moe`` (0.14+) the
+    caches are the workspace counted apart (:func:`moe_workspace_bytes`), and only the layer's own
+    tensors (3 x H, the shared expert's MLP) are added here.
     """
     s = info.shape
     H = s.hidden
-    dense = 3 * (s.intermediate // max(1, tp)) + 3 * H
+    dense = 3 * ((s.dense_intermediate or s.intermediate) // max(1, tp)) + 3 * H
     per_token = dense
     if s.experts:
-        moe = s.topk * (3 * (s.moe_intermediate // max(1, tp)) + H) + 3 * H + (
-            3 * (s.shared_intermediate // max(1, tp)) if s.shared_intermediate else 0)
+        shared = 3 * (s.shared_intermediate // max(1, tp)) if s.shared_intermediate else 0
+        moe = 3 * H + shared + (0 if persistent_moe else s.topk * (3 * (s.moe_intermediate // max(1, tp)) + H))
         per_token = max(moe, dense if s.dense_layers else 0)
     return int(tokens * per_token * model_dtype_bytes(info, dtype))
 
@@ -313,20 +448,25 @@ def forward_peak_bytes(info: ModelInfo, tokens: int, *, tp: int = 1, dtype: str 
 def activation_bytes(info: ModelInfo, *, tokens: int, seqs: int, tp: int = 1, dtype: str | None = None,
                      vllm_version: str | None = None, pp: int = 1, stage: int | None = None,
                      driver: bool = True, flashinfer: bool | None = None,
-                     compute_capability: tuple[int, int] | None = None, engine: str | None = None) -> int:
+                     compute_capability: tuple[int, int] | None = None, engine: str | None = None,
+                     device_name: str = "", cal: Calibration = CALIBRATION) -> int:
     """The profile run's torch peak above the weights ("PyTorch activation peak memory") on one rank.
 
     The profile runs a dummy forward of ``tokens`` tokens over ``rows = min(tokens, seqs)`` requests,
     then a dummy sampler run over ``rows`` x vocabulary logits (V0: the driver rank only; V1: every TP
     rank of the last stage); the peak is the larger, the forward's output still alive while sampling,
-    plus :data:`ACT_FIXED_BYTES`. ``engine`` overrides the version's engine ("v0" for V0's rules).
+    plus what stays allocated through both (the persistent fused-MoE workspace from 0.14, the Triton
+    sampler's per-SM rows from 0.17) and :attr:`Calibration.act_fixed`. ``engine`` overrides the
+    version's engine ("v0" for V0's rules).
     """
     s = info.shape
     eng = engine or vllm.engine(vllm_version)
     act = model_dtype_bytes(info, dtype)
     rows = max(1, min(tokens, seqs))
     last = stage is None or stage == max(1, pp) - 1
-    fwd = forward_peak_bytes(info, tokens, tp=tp, dtype=dtype)
+    persistent = eng == "v1" and vllm.moe_workspace_persists(vllm_version)
+    held = moe_workspace_bytes(info, tokens, tp=tp, dtype=dtype) if persistent else 0
+    fwd = forward_peak_bytes(info, tokens, tp=tp, dtype=dtype, persistent_moe=persistent)
     hidden = tokens * s.hidden * act
     if pp > 1 and stage not in (None, 0):
         fwd += 2 * hidden                    # later stages receive hidden states + residual
@@ -338,26 +478,71 @@ def activation_bytes(info: ModelInfo, *, tokens: int, seqs: int, tp: int = 1, dt
         else:
             bpe = vllm.sampler_bytes_per_element(vllm_version, rows=rows, flashinfer=flashinfer,
                                                  compute_capability=compute_capability)
+        bpe += act - 2                       # the logits themselves are in the model dtype
         sampler = rows * s.vocab * bpe + hidden + 2 * rows * s.hidden * act
+        if eng == "v1" and vllm.triton_sampler_buffer(vllm_version, rows=rows, flashinfer=flashinfer,
+                                                      compute_capability=compute_capability):
+            sms = sm_count(device_name) or DEFAULT_SMS
+            sampler += min(1 << (min(sms, rows) - 1).bit_length(), sms) * s.vocab * 4
     elif last:
         sampler = hidden + rows * (_round_up(s.vocab, 64) // max(1, tp)) * act    # a lm_head shard only
     else:
         sampler = 0
-    return int(max(fwd, sampler) + ACT_FIXED_BYTES)
+    return int(held + max(fwd, sampler) + cal.act_fixed * GiB)
 
 
-def non_torch_bytes(vllm_version: str | None, *, tp: int = 1, pp: int = 1, device_name: str = "") -> int:
+#: The non-torch regimes (:func:`non_torch_regime`), each with its own fitted figure.
+NON_TORCH_REGIMES = ("single", "single_017", "pipeline_017", "fusion", "parallel", "parallel_pcie")
+
+
+def non_torch_regime(vllm_version: str | None, *, tp: int = 1, pp: int = 1, device_name: str = "",
+                     compute_capability: tuple[int, int] | None = None) -> str:
+    """Which mechanism sets a rank's non-torch memory (``docs/memory-model.md`` section 4):
+
+    ``single`` / ``single_017``: TP = PP = 1, before / from vLLM 0.17; ``pipeline_017``: pipeline stages
+    only from 0.17 (send/recv, no collective buffers after the snapshot); ``fusion``: TP > 1 on Hopper or
+    Blackwell from 0.17, where the FlashInfer all-reduce fusion's workspaces are created after the
+    snapshot; ``parallel`` / ``parallel_pcie``: NCCL's and the custom all-reduce's buffers otherwise, on
+    a datacenter GPU / a consumer card over PCIe.
+    """
+    tp, pp = max(1, tp), max(1, pp)
+    new = vllm.rules(vllm_version) >= vllm.ALLREDUCE_FUSION_SINCE and not vllm.is_v0(vllm_version)
+    if tp * pp == 1:
+        return "single_017" if new else "single"
+    cc = compute_capability or gpu_compute_capability(device_name)
+    if new and vllm.allreduce_fusion(vllm_version, tp=tp, pp=pp, compute_capability=cc):
+        return "fusion"
+    if new and tp == 1:
+        return "pipeline_017"
+    # Consumer cards (no NVLink, no P2P: NCCL through host memory) are the one PCIe class a start-up
+    # calibrates; a datacenter PCIe card (L4, L40S) takes the NVLink figure, the larger, until one does.
+    return "parallel_pcie" if not datacenter_gpu(device_name) else "parallel"
+
+
+def non_torch_bytes(vllm_version: str | None, *, tp: int = 1, pp: int = 1, device_name: str = "",
+                    compute_capability: tuple[int, int] | None = None, cal: Calibration = CALIBRATION) -> int:
     """Memory outside torch's allocator that one rank adds while vLLM profiles (kernel images, cuBLAS
-    handles, NCCL buffers under TP/PP); the global-cap families' CUDA context is not included."""
-    world = max(1, tp) * max(1, pp)
-    nt = NON_TORCH_BASE_BYTES
-    if world > 1:
-        dc = datacenter_gpu(device_name)
-        nt += (NON_TORCH_PARALLEL_BYTES if dc else NON_TORCH_PARALLEL_CONSUMER_BYTES) \
-            + NON_TORCH_PER_EXTRA_RANK_BYTES * (world - 2)
-        if dc and vllm.nccl_buffers_in_budget(vllm_version):
-            nt += NCCL_INIT_BYTES
-    return int(nt)
+    handles, NCCL and all-reduce buffers under TP/PP), by vLLM version, parallel layout and the GPU's
+    interconnect (:func:`non_torch_regime`); the global-cap families' CUDA context is not included."""
+    tp, pp = max(1, tp), max(1, pp)
+    world = tp * pp
+    regime = non_torch_regime(vllm_version, tp=tp, pp=pp, device_name=device_name,
+                              compute_capability=compute_capability)
+    base = cal.nt_single_017 if vllm.rules(vllm_version) >= vllm.ALLREDUCE_FUSION_SINCE \
+        and not vllm.is_v0(vllm_version) else cal.nt_single
+    if regime in ("single", "single_017"):
+        nt = base
+    elif regime == "pipeline_017":
+        nt = cal.nt_multi_017
+    elif regime == "fusion":
+        nt = cal.nt_multi_017 + cal.nt_fusion + cal.nt_fusion_per_rank * (tp - 2)
+    elif regime == "parallel_pcie":
+        nt = base + cal.nt_parallel_pcie + cal.nt_parallel_pcie_per_rank * (world - 2)
+    else:
+        nt = base + cal.nt_parallel + cal.nt_parallel_per_rank * (world - 2)
+    if regime.startswith("parallel") and datacenter_gpu(device_name) and vllm.nccl_buffers_in_budget(vllm_version):
+        nt += NCCL_INIT_BYTES / GiB
+    return int(nt * GiB)
 
 
 def cuda_context_bytes(device_name: str = "") -> int:
@@ -366,24 +551,29 @@ def cuda_context_bytes(device_name: str = "") -> int:
 
 
 def cudagraph_estimate_bytes(info: ModelInfo, *, vllm_version: str | None, tokens: int, seqs: int, tp: int = 1,
-                             pp: int = 1, compute_capability: tuple[int, int] | None = None) -> int:
-    """CUDA-graph memory of one rank: a fixed part, the largest graph's pool (one layer's activations at
-    the largest capture size) and every graph x decoder layer (a prior; ``docs/memory-model.md`` section 5)."""
+                             pp: int = 1, compute_capability: tuple[int, int] | None = None,
+                             cal: Calibration = CALIBRATION) -> int:
+    """CUDA-graph memory of one rank: a fixed part and every captured graph x decoder layer on the rank,
+    more for a MoE's routed layers (``docs/memory-model.md`` section 5), fitted on what the 0.19 sweep's
+    captures took ("Actual usage ... GiB for CUDAGraph memory": the same capture sizes and modes as
+    0.20+, whose own estimate vLLM subtracts inside the budget)."""
     sizes = vllm.capture_sizes(vllm_version, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                                compute_capability=compute_capability)
     graphs = len(sizes) + (len([x for x in sizes if x <= seqs]) if vllm.full_graphs_too(vllm_version) else 0)
     layers = max(stage_layers(info.shape.layers or info.num_layers, pp))
-    pool = forward_peak_bytes(info, max(sizes), tp=tp) if sizes else 0
-    return int(GRAPH_FIXED_BYTES + pool + graphs * layers * GRAPH_PER_GRAPH_LAYER_BYTES)
+    routed = layers * info.shape.moe_layers / max(1, info.shape.layers) if info.shape.experts else 0
+    per = cal.graph_per_graph_layer_mib * layers + cal.graph_moe_per_graph_layer_mib * routed
+    return int(cal.graph_fixed * GiB + graphs * per * MiB) if graphs else 0
 
 
 def cudagraph_reserve_bytes(info: ModelInfo, *, vllm_version: str | None, tokens: int, seqs: int, tp: int = 1,
                             pp: int = 1, compute_capability: tuple[int, int] | None = None) -> int:
     """Room to leave outside the budget for CUDA graphs where vLLM < 0.20 captures them after sizing the
-    KV cache: the estimate's upper end (x2, the prior's uncertainty), at least 0.5 GiB."""
+    KV cache: the estimate and its spread over the sweep's measured captures (+30%: a dense model's
+    largest miss, 0.24 of 0.9 GiB), at least 0.5 GiB."""
     est = cudagraph_estimate_bytes(info, vllm_version=vllm_version, tokens=tokens, seqs=seqs, tp=tp, pp=pp,
                                    compute_capability=compute_capability)
-    return max(2 * est, GRAPH_OUTSIDE_FLOOR_BYTES)
+    return max(int(est * GRAPH_RESERVE_FACTOR), GRAPH_OUTSIDE_FLOOR_BYTES)
 
 
 # -- the error bands ---------------------------------------------------------------------------
@@ -425,7 +615,7 @@ class Budget:
     cudagraph_bytes: int               # inside the budget (0.20+); see cudagraph_outside_bytes
     other_processes_bytes: int
     kv_bytes: int
-    exact: bool = False                # True when the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
+    exact: bool = False                # the KV size is given (VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes)
     family: str = ""
     band_bytes: int = 0
     cudagraph_outside_bytes: int = 0   # room graphs need outside the budget (before 0.20)
@@ -449,7 +639,8 @@ def band_bytes(info: ModelInfo, family: str, *, overhead_bytes: int, weights_byt
     """The error band of a KV estimate (``docs/memory-model.md`` section 7)::
 
         max(rel x overhead, floor)          per family (BANDS), or MEASURED_BAND
-      + 0.2% of the weights (size read) | 1% (estimated, known quantization) | 3% (other)
+      + 0.2% of the weights (size read) | 1% (estimated, known quantization) | 3% (other, or a model
+        type whose configuration class the plan could not resolve)
       + 0.1 GiB under TP/PP
       + 0.5 GiB + 3% of the weights for a multimodal model without a vision_config
     """
@@ -459,7 +650,7 @@ def band_bytes(info: ModelInfo, family: str, *, overhead_bytes: int, weights_byt
         return int(band)
     if info.weights_exact:
         band += WEIGHTS_BAND["exact"] * weights_bytes
-    elif info.quantization in _KNOWN_METHODS:
+    elif info.quantization in _KNOWN_METHODS and info.config_known:
         band += WEIGHTS_BAND["known"] * weights_bytes
     else:
         band += WEIGHTS_BAND["other"] * weights_bytes
@@ -478,7 +669,8 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
               chunked_prefill: bool = False, compute_capability: tuple[int, int] | None = None,
               quantization: str | None = None, mxfp4_backend: str | None = None, flashinfer: bool | None = None,
               cpu_offload_bytes: int = 0, measured_overhead_bytes: int | None = None,
-              measured_weights_bytes: int | None = None, driver: bool = True) -> Budget:
+              measured_weights_bytes: int | None = None, driver: bool = True,
+              cal: Calibration = CALIBRATION) -> Budget:
     """The KV-cache bytes per rank vLLM will find at this utilization, with every term that made it.
 
     ``kv = total x utilization - weights - activation - non_torch - graphs inside (- other processes
@@ -495,7 +687,7 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
     cc = compute_capability or gpu_compute_capability(device_name)
     if kv_cache_memory_bytes or (platform == "cpu" and cpu_kv_space_gib is not None):
         weights = int((info.weights_bytes or 0) / (tp * pp))
-        kv = int(kv_cache_memory_bytes or cpu_kv_space_gib * GiB)
+        kv = int(kv_cache_memory_bytes or cast(float, cpu_kv_space_gib) * GiB)
         return Budget(total, utilization, requested, weights, 0, 0, 0, 0, kv, exact=True, family=fam)
     if platform == "cpu":
         # 0.32 CPU auto mode: ceil(total*util) minus the worker's RSS (weights + ~1 GiB of runtime).
@@ -510,8 +702,8 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
                                        multimodal=s.multimodal, sliding_window=bool(info.sliding_window))
     tokens, seqs = max_num_batched_tokens or tokens, max_num_seqs or seqs
     per_stage = weights_per_stage(info, tp=tp, pp=pp, quantization=quantization, compute_capability=cc,
-                                  vllm_version=vllm_version, mxfp4_backend=mxfp4_backend)
-    nt = non_torch_bytes(vllm_version, tp=tp, pp=pp, device_name=device_name)
+                                  vllm_version=vllm_version, mxfp4_backend=mxfp4_backend, dtype=dtype)
+    nt = non_torch_bytes(vllm_version, tp=tp, pp=pp, device_name=device_name, compute_capability=cc, cal=cal)
     others = 0
     if vllm.caps_device_globally(vllm_version):
         nt += cuda_context_bytes(device_name)
@@ -524,11 +716,11 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
         weights = max(0, int(weights - cpu_offload_bytes))
         act = activation_bytes(info, tokens=tokens, seqs=seqs, tp=tp, pp=pp, stage=i, dtype=dtype,
                                vllm_version=vllm_version, flashinfer=flashinfer, compute_capability=cc,
-                               driver=driver)
+                               driver=driver, device_name=device_name, cal=cal)
         if fam == "v0-free":
             act = int(act * 1.05)          # counted as reserved memory: the allocator's rounding
         graphs = cudagraph_estimate_bytes(info, vllm_version=vllm_version, tokens=tokens, seqs=seqs, tp=tp,
-                                          pp=pp, compute_capability=cc) if not enforce_eager else 0
+                                          pp=pp, compute_capability=cc, cal=cal) if not enforce_eager else 0
         inside = 0 if vllm.graphs_outside_budget(vllm_version) else graphs
         outside = graphs if vllm.graphs_outside_budget(vllm_version) else 0
         if measured_overhead_bytes is not None:
@@ -573,12 +765,8 @@ def measured_overhead_bytes(*, gpu_total_bytes: int, utilization: float, weights
         if num_gpu_blocks:
             kv = int(num_gpu_blocks) * per_block
         else:
-            full, sliding = _layers_on_rank(info, pp)
-            groups = 1
-            if hybrid and info.sliding_window and full and sliding:
-                size = min(full, sliding)
-                groups = _cdiv(full, size) + _cdiv(sliding, size)
-            kv = int(kv_cache_tokens) // block_size * groups * per_block
+            groups = len(kv_groups(info, pp=pp, hybrid=hybrid).kinds)
+            kv = int(cast(int, kv_cache_tokens)) // block_size * groups * per_block
     if kv is None:
         return None
     return int(requested - int(weights_bytes) - int(kv))

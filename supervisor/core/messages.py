@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from supervisor.core.flags import parse_int
 from supervisor.core.diagnosis import Kind
+from supervisor.core.flags import parse_int
 
 # --------------------------------------------------------------------------- numbers
 _F = r"(-?\d+(?:\.\d+)?)"
@@ -60,7 +60,8 @@ _RX_WORLD = re.compile(r"(?:World|Tensor parallel) size \((\d+)\) (?:is|cannot b
 _RX_GPUS = (
     re.compile(r"(?:Tensor parallel size|World size) \((\d+)\) exceeds available GPUs \((\d+)\)"),
     re.compile(r"Required number of devices: (\d+)\. Total number of devices: (\d+)"),
-    re.compile(r"(?:tensor_parallel_size|world_size) \((\d+)\) (?:to |is )?less than (?:than )?max local gpu count \((\d+)\)"),
+    re.compile(r"(?:tensor_parallel_size|world_size) \((\d+)\) (?:to |is )?less than (?:than )?"
+               r"max local gpu count \((\d+)\)"),
     re.compile(r"local_world_size \((\d+)\) must be less than or equal to the number of visible devices \((\d+)\)"),
     re.compile(r"local_world_size \((\d+)\) exceeds assigned_physical_gpu_ids count \(\[([\d, ]*)\]\)"),
 )
@@ -190,7 +191,8 @@ def _free_numbers(text: str) -> dict[str, Any]:
         return out
     m = _RX_NODE.search(text)   # the CPU backend: KV space asked for vs. the NUMA node's free memory
     if m:
-        out["free_gib"], out["total_gib"], out["requested_gib"] = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        out["free_gib"], out["total_gib"] = float(m.group(1)), float(m.group(2))
+        out["requested_gib"] = float(m.group(3))
         # "(64.0 GiB)": a size given (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes); "(X/Y GiB)": the
         # utilization share less the worker's memory
         out["cpu_kv_gib" if m.group(4) is None else "cpu_kv_auto_gib"] = float(m.group(3))
@@ -427,7 +429,8 @@ _MILESTONES: tuple[tuple[str, str], ...] = (
     ("Estimated CUDA graph memory", "profiling"), ("the current vLLM instance can use", "profiling"),
     ("model weights take", "kv_cache"), ("Available KV cache memory", "kv_cache"),
     ("Initial free memory", "kv_cache"), ("Explicitly set (", "kv_cache"), ("Auto set (", "kv_cache"),
-    ("# GPU blocks", "kv_cache"), ("# cuda blocks", "kv_cache"), ("# CUDA blocks", "kv_cache"), ("# CPU blocks", "kv_cache"),
+    ("# GPU blocks", "kv_cache"), ("# cuda blocks", "kv_cache"), ("# CUDA blocks", "kv_cache"),
+    ("# CPU blocks", "kv_cache"),
     ("GPU KV cache size", "kv_cache"), ("GPU + host KV cache size", "kv_cache"),
     ("CPU KV cache size", "kv_cache"), ("Maximum concurrency for", "kv_cache"),
     ("Auto-fit max_model_len", "kv_cache"),

@@ -1,9 +1,10 @@
-"""What vLLM will see of a model: its config.json shape, context rules and weight size.
+"""What vLLM will see of a model: its config's shape, context rules and weight size.
 
-Pure: a parsed config.json in, :class:`ModelInfo` out (:func:`model_info_from_config`), and the
-context length vLLM derives from it (:func:`derive_max_model_len`). Finding config.json and the
-weight files is :mod:`supervisor.facts.model_files`. Nothing here raises for missing data:
-unknown is ``None``.
+Pure: a parsed config.json in -- resolved as vLLM's transformers resolves it
+(:mod:`supervisor.core.model_config`: a missing key is the configuration class's default, never
+zero or false) -- :class:`ModelInfo` out (:func:`model_info_from_config`), and the context length
+vLLM derives from it (:func:`derive_max_model_len`). Finding config.json and the weight files is
+:mod:`supervisor.facts.model_files`. Nothing here raises for missing data: unknown is ``None``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from supervisor.core import vllm
+from supervisor.core.model_config import Resolution, with_defaults
 
 #: config.json dtype names -> bytes per element.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8,
@@ -50,8 +52,8 @@ class ModelInfo:
     mla: bool = False
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
-    sliding_window: int | None = None      # only when vLLM would use it (Qwen2 use_sliding_window=false -> None)
-    layer_types: tuple[str, ...] = ()      # "full_attention" / "sliding_attention" per layer, when known
+    sliding_window: int | None = None      # only when vLLM uses it (Qwen2 use_sliding_window=false -> None)
+    layer_types: tuple[str, ...] = ()      # per layer, where vLLM mixes attention types (interleaved)
     max_len_keys: dict[str, int] = field(default_factory=dict)
     rope_scaling: dict[str, Any] | None = None
     derived_max_model_len: int = 2048      # with the newest vLLM rules; see derive_max_model_len for others
@@ -59,11 +61,14 @@ class ModelInfo:
     weights_source: str = ""               # "index", "files", "estimate" or ""
     quantization: str | None = None        # "awq", "gptq", "fp8", "compressed-tensors", "mxfp4", ...
     num_experts: int = 0
-    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # config.json as read
+    attention_chunk_size: int | None = None    # Llama 4's chunked local attention layers
+    config_source: str = ""                # how the config was resolved (Resolution.source)
+    config_known: bool = True              # False: a model type neither transformers nor the table knew
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # the resolved config
 
     @functools.cached_property
-    def shape(self) -> "Shape":
-        """The shape the weight and activation formulas read (from config.json, else these fields)."""
+    def shape(self) -> Shape:
+        """The shape the weight and activation formulas read (from the config, else these fields)."""
         if self.config:
             return shape_from_config(self.config)
         return Shape(model_type=self.model_type, layers=self.num_layers, hidden=self.hidden_size,
@@ -85,27 +90,39 @@ class ModelInfo:
         return self.num_layers if self.sliding_window else 0
 
     @property
+    def chunked_layers(self) -> int:
+        """How many layers keep only their attention chunk (Llama 4's local layers)."""
+        return sum(1 for t in self.layer_types if "chunked" in t)
+
+    @property
     def full_layers(self) -> int:
         """How many layers keep KV for every token."""
-        return self.num_layers - self.sliding_layers
+        return self.num_layers - self.sliding_layers - self.chunked_layers
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Multimodal configs keep the language model under text_config (or llm_config)."""
+    """The language model's part of a (resolved) config: ``text_config`` (or ``llm_config``,
+    ``language_config``) of a multimodal wrapper, else the config itself; the wrapper's dtype and
+    quantization block added where the part leaves them out (vLLM reads them from the wrapper)."""
     for key in ("text_config", "llm_config", "language_config"):
         sub = config.get(key)
         if isinstance(sub, dict) and sub.get("num_hidden_layers"):
             merged = dict(sub)
-            # Fields the wrapper holds but the text part omits (dtype, quantization).
-            for k in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
-                if k not in merged and k in config:
+            for k in ("torch_dtype", "dtype", "quantization_config", "compression_config"):
+                if merged.get(k) is None and config.get(k) is not None:
                     merged[k] = config[k]
+            if "tie_word_embeddings" not in merged and "tie_word_embeddings" in config:
+                merged["tie_word_embeddings"] = config["tie_word_embeddings"]   # an unresolved part only
             return merged
     return config
 
 
 def _rope(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The RoPE scaling vLLM applies to the full-attention layers (transformers 5's per-layer-type
+    ``rope_parameters``: the ``full_attention`` entry)."""
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        rope = rope["full_attention"]
     if not isinstance(rope, dict):
         return None
     rope = dict(rope)
@@ -149,12 +166,53 @@ def _quantization(cfg: dict[str, Any]) -> str | None:
         "bitsandbytes" if method == "bnb" else method)
 
 
+def _int(cfg: dict[str, Any], *keys: str, default: int = 0) -> int:
+    """The first of ``keys`` that holds a number (a resolved config spells some fields two ways)."""
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)) and v == v:
+            return int(v)
+    return default
+
+
+def attention_layout(cfg: dict[str, Any]) -> tuple[tuple[str, ...], int | None, int | None]:
+    """(layer types where they differ, sliding window, attention chunk) as vLLM builds the KV specs.
+
+    vLLM gives each layer its own window only where the text config's ``layer_types`` mixes types
+    (``transformers_utils.config.is_interleaved``: Gemma 2/3, gpt-oss, Llama 4's chunked layers);
+    otherwise the config's ``sliding_window`` is the model-wide window of every layer
+    (``EngineArgs.create_engine_config`` sets ``CacheConfig.sliding_window``), and 0 means none
+    (``ModelConfig.__post_init__``).
+    """
+    window = cfg.get("sliding_window")
+    window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    chunk = cfg.get("attention_chunk_size")
+    chunk = chunk if isinstance(chunk, int) and chunk > 0 else None
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    types = cfg.get("layer_types")
+    if isinstance(types, (list, tuple)) and len(set(map(str, types))) > 1 and len(types) == layers:
+        out = []
+        for t in map(str, types):
+            if "sliding" in t and window:
+                out.append("sliding_attention")
+            elif "chunked" in t and chunk:
+                out.append("chunked_attention")
+            else:
+                out.append("full_attention")
+        if len(set(out)) > 1:
+            return tuple(out), window, chunk
+        return (), window if out[0] == "sliding_attention" else None, None
+    return (), window, None
+
+
 # -- the shape the weight and activation formulas read -----------------------------------------
 
 #: Architectures whose MLP is not gated (two matrices, not three).
 _NON_GATED = {"gpt2", "gpt_bigcode", "opt", "phi", "falcon", "gpt_neox", "starcoder2", "bloom", "gptj", "mpt"}
 #: Architectures with q/k/v biases but none on the output projection.
-_QKV_BIAS = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
+_QKV_BIAS = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +238,7 @@ class Shape:
     topk: int = 0
     moe_intermediate: int = 0
     shared_intermediate: int = 0       # all shared experts together
-    dense_layers: int = 0              # leading dense layers of a MoE (DeepSeek's first_k_dense_replace)
+    dense_layers: int = 0              # layers without routed experts (DeepSeek's first_k_dense_replace, Llama 4's)
     router_bias: bool = False
     mla: bool = False
     kv_lora_rank: int = 0
@@ -190,6 +248,9 @@ class Shape:
     v_head_dim: int = 0
     multimodal: bool = False
     vision: dict[str, Any] = field(default_factory=dict, compare=False)
+    towers: int = 0                    # parameters of the vision and audio towers and their projectors
+    dense_intermediate: int = 0        # the dense layers' MLP of a MoE (Llama 4's intermediate_size_mlp)
+    rope_caches: tuple[int, ...] = ()  # positions of each rotary cos/sin cache vLLM precomputes
 
     @property
     def moe_layers(self) -> int:
@@ -197,50 +258,170 @@ class Shape:
 
 
 def shape_from_config(config: dict[str, Any]) -> Shape:
-    """The :class:`Shape` of a parsed config.json (the text model of a multimodal one)."""
+    """The :class:`Shape` of a resolved config (the text model of a multimodal one)."""
     cfg = _text_config(config)
     mt = str(cfg.get("model_type") or config.get("model_type") or "")
-    L = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers") or 0)
-    H = int(cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model") or 0)
-    nh = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 1)
-    nkv = int(cfg.get("num_key_value_heads") or cfg.get("multi_query_group_num") or nh)
-    hd = int(cfg.get("head_dim") or H // max(1, nh))
-    inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * H)
+    L = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    H = _int(cfg, "hidden_size", "n_embd", "d_model")
+    nh = _int(cfg, "num_attention_heads", "n_head", default=1) or 1
+    nkv = _int(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or (
+        1 if cfg.get("multi_query") and mt in ("gpt_bigcode", "falcon") else nh)
+    hd = _int(cfg, "head_dim") or H // max(1, nh)
+    inter = _int(cfg, "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size") or 4 * H
     keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
-    max_pos = min([int(cfg[k]) for k in keys if isinstance(cfg.get(k), (int, float))] or [2048])
+    max_pos = min([int(cfg[k]) for k in keys if isinstance(cfg.get(k), (int, float)) and cfg[k]] or [2048])
     rope = _rope(cfg) or {}
-    if rope.get("rope_type") in ("yarn", "deepseek_yarn"):
-        max_pos = int((rope.get("original_max_position_embeddings") or max_pos) * float(rope.get("factor") or 1))
-    experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
-    moe_i = int(cfg.get("moe_intermediate_size") or (inter if experts else 0))
+    rtype, factor = str(rope.get("rope_type") or "default"), float(rope.get("factor") or 1)
+    original = int(rope.get("original_max_position_embeddings") or max_pos)
+    if rtype in ("yarn", "deepseek_yarn"):
+        max_pos = int(original * factor)
+    # vLLM's rotary cos/sin caches (rotary_embedding/*.py), one per distinct RoPE: linear and dynamic
+    # NTK scaling precompute max x factor positions, LongRoPE a short and a long cache; Gemma 3's
+    # local layers have their own unscaled one.
+    if rtype in ("linear", "dynamic"):
+        caches = [int(max_pos * factor)]
+    elif rtype in ("longrope", "su"):
+        caches = [original, max_pos]
+    else:
+        caches = [max_pos]
+    if mt == "gemma3_text" and len(set(map(str, cfg.get("layer_types") or ()))) > 1:
+        caches.append(_int(cfg, "max_position_embeddings", default=max_pos))
+    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+    moe_i = _int(cfg, "moe_intermediate_size") or (inter if experts else 0)
     shared = 0
     if cfg.get("n_shared_experts"):
         shared = int(cfg["n_shared_experts"]) * moe_i
     elif cfg.get("shared_expert_intermediate_size"):
         shared = int(cfg["shared_expert_intermediate_size"])
-    dense = int(cfg.get("first_k_dense_replace") or 0)
+    dense = _int(cfg, "first_k_dense_replace")
+    dense_i = inter
     if experts and cfg.get("mlp_only_layers"):
         dense = len(cfg["mlp_only_layers"])
-    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    if experts and mt == "llama4_text":
+        # Llama 4: every interleave_moe_layer_step-th layer routes (16 experts of intermediate_size plus
+        # one shared expert of it), the rest are dense MLPs of intermediate_size_mlp.
+        step = _int(cfg, "interleave_moe_layer_step", default=1) or 1
+        moe_count = len(cfg["moe_layers"]) if isinstance(cfg.get("moe_layers"), list) and cfg["moe_layers"] \
+            else L // step
+        dense, shared, dense_i = L - moe_count, moe_i, _int(cfg, "intermediate_size_mlp") or inter
+    vision_config = config.get("vision_config")
+    vision: dict[str, Any] = vision_config if isinstance(vision_config, dict) else {}
     archs = " ".join(str(a) for a in (config.get("architectures") or ()))
+    partial = cfg.get("partial_rotary_factor")
+    if not isinstance(partial, (int, float)) and isinstance(cfg.get("rope_parameters"), dict):
+        partial = cfg["rope_parameters"].get("partial_rotary_factor")
+    rotary = _int(cfg, "rotary_dim") or int(hd * float(partial or 1.0))
+    bias = cfg.get("attention_bias")
+    bias = bool(bias if bias is not None else cfg.get("bias") or cfg.get("use_bias"))
     return Shape(
         model_type=mt, layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=inter,
-        vocab=int(cfg.get("vocab_size") or 32000),
-        tied=bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+        vocab=_int(cfg, "vocab_size", "padded_vocab_size", default=32000),
+        tied=_tied(cfg, config),
         gated=mt not in _NON_GATED,
-        qkv_bias=bool(cfg.get("attention_bias")) or mt in _QKV_BIAS or bool(cfg.get("qkv_bias")),
-        o_bias=bool(cfg.get("attention_bias")) and mt not in _QKV_BIAS,
-        qk_norm=mt.startswith("qwen3"), max_positions=max_pos,
-        rotary_dim=int(hd * float(cfg.get("partial_rotary_factor") or 1.0)),
-        experts=experts, topk=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
+        qkv_bias=bias or mt in _QKV_BIAS or bool(cfg.get("qkv_bias")),
+        o_bias=bias and mt not in _QKV_BIAS,
+        qk_norm=mt.startswith("qwen3"), max_positions=max_pos, rotary_dim=rotary, rope_caches=tuple(caches),
+        experts=experts, topk=_int(cfg, "num_experts_per_tok", "experts_per_token", "moe_k"),
         moe_intermediate=moe_i, shared_intermediate=shared, dense_layers=dense, router_bias=mt == "gpt_oss",
         mla=bool(cfg.get("kv_lora_rank")) and cfg.get("qk_rope_head_dim") is not None,
-        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0), q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-        qk_nope=int(cfg.get("qk_nope_head_dim") or 0), qk_rope=int(cfg.get("qk_rope_head_dim") or 0),
-        v_head_dim=int(cfg.get("v_head_dim") or 0),
+        kv_lora_rank=_int(cfg, "kv_lora_rank"), q_lora_rank=_int(cfg, "q_lora_rank"),
+        qk_nope=_int(cfg, "qk_nope_head_dim"), qk_rope=_int(cfg, "qk_rope_head_dim"),
+        v_head_dim=_int(cfg, "v_head_dim"),
         multimodal=bool(vision) or any(k in archs for k in ("ConditionalGeneration", "VL", "Vision")),
-        vision=vision,
+        vision=vision, towers=tower_params(config, H), dense_intermediate=dense_i,
     )
+
+
+def _tied(text: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether the output projection is the embedding. A resolved config always says (the class's
+    default); only a model type nothing knows can leave it out, and then the untied reading is the
+    one that cannot over-promise KV cache (more weights)."""
+    v = text.get("tie_word_embeddings", config.get("tie_word_embeddings"))
+    return bool(v) if v is not None else False
+
+
+# -- the vision and audio towers (vLLM loads them with the language model) ---------------------
+
+def _vit(h: int, i: int, layers: int, *, gated: bool, bias: bool = True) -> int:
+    """A ViT encoder's blocks: q/k/v/o, the MLP (gated: three matrices), two norms."""
+    attn = 4 * h * h + (4 * h if bias else 0)
+    mlp = (3 * h * i if gated else 2 * h * i) + ((i + h) if bias and not gated else 0)
+    return layers * (attn + mlp + 4 * h)
+
+
+def tower_params(config: dict[str, Any], text_hidden: int) -> int:
+    """Parameters of the vision and audio encoders and the projectors into the language model,
+    as the families lay them out (transformers' modelling files), from the resolved config."""
+    total = 0
+    vision = config.get("vision_config")
+    mt = str(config.get("model_type") or "")
+    if isinstance(vision, dict):
+        total += _vision_tower(vision, text_hidden, mt, config)
+    audio = config.get("audio_config")
+    if isinstance(audio, dict):
+        d = _int(audio, "d_model", "hidden_size")
+        layers = _int(audio, "encoder_layers", "num_hidden_layers")
+        ffn = _int(audio, "encoder_ffn_dim", "intermediate_size") or 4 * d
+        mels = _int(audio, "num_mel_bins", default=128)
+        if d and layers:
+            total += _vit(d, ffn, layers, gated=False) + 3 * mels * d + 3 * d * d + d * text_hidden
+    return total
+
+
+def _vision_tower(v: dict[str, Any], text_h: int, wrapper: str, config: dict[str, Any]) -> int:
+    vt = str(v.get("model_type") or "")
+    h = _int(v, "hidden_size", "embed_dim")
+    layers = _int(v, "num_hidden_layers", "depth")
+    if not h or not layers:
+        return 0
+    patch = v.get("patch_size") or 14
+    patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
+    ch = _int(v, "num_channels", "in_channels", default=3)
+    image = v.get("image_size") or 224
+    image = int(image[0] if isinstance(image, (list, tuple)) else image)
+    act = str(v.get("hidden_act") or "")
+    if vt.startswith(("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v")):
+        # Qwen-VL: blocks of embed_dim (Qwen2-VL) or hidden_size, a 3-D patch embedding, and a merger of
+        # spatial_merge_size^2 patches into the language model's width (Qwen3-VL: one more per deepstack layer).
+        e = _int(v, "embed_dim") if vt.startswith("qwen2_vl") else h
+        out = _int(v, "out_hidden_size") or (h if vt.startswith("qwen2_vl") else text_h)
+        i = _int(v, "intermediate_size") or int(e * float(v.get("mlp_ratio") or 4))
+        m = _int(v, "spatial_merge_size", default=2) ** 2
+        t = _int(v, "temporal_patch_size", default=2)
+        blocks = _vit(e, i, layers, gated=vt.startswith(("qwen2_5_vl", "glm4v")))
+        merger = (e * m) * (e * m) + (e * m) * out + 2 * e * m
+        mergers = 1 + len(v.get("deepstack_visual_indexes") or ())
+        pos = _int(v, "num_position_embeddings") * e
+        return blocks + ch * t * patch * patch * e + pos + mergers * merger
+    i = _int(v, "intermediate_size") or 4 * h
+    gated = vt == "pixtral" or ("silu" in act and vt not in ("siglip_vision_model", "clip_vision_model"))
+    blocks = _vit(h, i, layers, gated=gated, bias=vt != "pixtral")
+    embed = ch * patch * patch * h + ((image // patch) ** 2 + 1) * h * (vt != "pixtral")
+    if wrapper == "gemma3":
+        proj = h * text_h + h                      # mm_input_projection + mm_soft_emb_norm
+    elif wrapper in ("mistral3", "") and vt == "pixtral":
+        merge = _int(config, "spatial_merge_size", default=2) ** 2
+        proj = h * merge * h + h + h * text_h + text_h * text_h     # patch merger, norm, two linears
+    elif wrapper == "llama4":
+        shuffle = float(v.get("pixel_shuffle_ratio") or 0.5)
+        inner = int(_int(v, "projector_input_dim", default=4096) / (shuffle * shuffle))
+        proj = inner * i + i * _int(v, "projector_output_dim", default=4096) \
+            + _int(v, "vision_output_dim", default=4096) * text_h
+    elif wrapper == "kimi_vl":
+        merge = 1
+        for k in v.get("merge_kernel_size") or (2, 2):
+            merge *= int(k)
+        proj = (h * merge) ** 2 + h * merge * text_h + 2 * h
+    elif wrapper == "internvl":
+        scale = int(round(1 / float(config.get("downsample_ratio") or 0.5))) ** 2
+        proj = 2 * h * scale + h * scale * text_h + text_h * text_h
+    elif wrapper == "idefics3":
+        proj = h * _int(config, "scale_factor", default=2) ** 2 * text_h
+    else:                                          # LLaVA-style: two linears (several feature layers concatenated)
+        feats = config.get("vision_feature_layer")
+        n = len(feats) if isinstance(feats, (list, tuple)) else 1
+        proj = h * n * text_h + text_h * text_h + 2 * text_h + (text_h if wrapper == "llava_next" else 0)
+    return blocks + embed + proj
 
 
 # -- weights: bytes per parameter by quantization ----------------------------------------------
@@ -258,52 +439,96 @@ class QuantScheme:
     expert_pad: tuple[int, int] = (1, 1)    # MoE kernels round (intermediate, hidden) up to these
     expert_k_pad: int = 1                   # ... and each expert matrix's reduction dimension to this
     expert_bias_bytes: int = 2
+    unquantized_bpw: float = 2.0            # what stays unquantized: the model dtype (--dtype float32: 4)
 
 
 def _matches(name: str, patterns: Any) -> bool:
     for p in patterns or ():
         p = str(p)
-        if p == name or p in name or re.fullmatch(p.replace(".", r"\.").replace("*", ".*"), name):
+        if p.startswith("re:"):
+            if re.search(p[3:], name):
+                return True
+        elif p == name or p in name or re.fullmatch(p.replace(".", r"\.").replace("*", ".*"), name):
             return True
     return False
 
 
-def _apply_skips(s: QuantScheme, skip: Any) -> QuantScheme:
+#: Module names per kind of weight, as vLLM's models name them (``model.layers.N.<part>``).
+_PARTS = {"attn": ("self_attn.qkv_proj", "self_attn.q_proj", "self_attn.o_proj", "self_attn.k_proj",
+                   "self_attn.v_proj"),
+          "mlp": ("mlp.gate_up_proj", "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj"),
+          "experts": ("mlp.experts.0.gate_proj", "mlp.experts.0.down_proj", "mlp.experts.w13_weight")}
+
+
+def _skipped_share(skip: Any, kind: str, layers: int) -> float:
+    """The share of the layers whose ``kind`` modules a checkpoint leaves unquantized.
+
+    Each entry is a module name or pattern, matched per module as vLLM does (``is_layer_skipped``:
+    a name contained in the module's prefix, ``re:`` a regular expression): ``self_attn`` skips every
+    layer's attention, ``model.layers.3.mlp`` only layer 3's MLP (unsloth's dynamic 4-bit checkpoints
+    list single layers; applying them to every layer counted the whole model as 16-bit).
+    """
+    if not skip:
+        return 0.0
+    layers = max(1, layers)
+    hit = 0
+    for i in range(layers):
+        for part in _PARTS[kind]:
+            if _matches(f"model.layers.{i}.{part}", skip) or _matches(f"model.language_model.layers.{i}.{part}", skip):
+                hit += 1
+                break
+    return hit / layers
+
+
+def _apply_skips(s: QuantScheme, skip: Any, layers: int) -> QuantScheme:
     """Modules a checkpoint leaves unquantized (modules_to_not_convert, ignore, llm_int8_skip_modules)."""
-    text = " ".join(str(x) for x in (skip or ()))
-    if re.search(r"self_attn|attention|\battn\b|q_proj|qkv", text):
-        s.linear_bpw = 2.0
-    if re.search(r"\bmlp\b|gate_up|down_proj|feed_forward", text) and "experts" not in text:
-        s.mlp_bpw = 2.0
-    if "experts" in text:
-        s.expert_bpw = 2.0
+    b16 = s.unquantized_bpw
+    for kind, attr in (("attn", "linear_bpw"), ("mlp", "mlp_bpw"), ("experts", "expert_bpw")):
+        share = _skipped_share(skip, kind, layers)
+        if share:
+            setattr(s, attr, share * b16 + (1 - share) * getattr(s, attr))
     return s
 
 
 #: The MXFP4 MoE backends' padding of the expert matrices, on Hopper unless said otherwise
 #: (``quantization/mxfp4.py``: ``get_mxfp4_backend``, ``Mxfp4MoEMethod.create_weights``, 0.10.1+).
 MXFP4_BACKENDS = ("marlin", "triton", "flashinfer")
+#: ``--quantization`` values that quantize a 16-bit checkpoint's linear layers to 8 bits at load.
+ONLINE_FP8 = ("fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt")
+
+
+def dtype_bpw(dtype: str | None) -> float:
+    """Bytes per unquantized parameter under vLLM's ``--dtype`` (auto: 16-bit, float32 checkpoints downcast)."""
+    d = (dtype or "auto").lower().replace("torch.", "")
+    return 4.0 if d in ("float32", "float") else 2.0
 
 
 def quant_scheme(config: dict[str, Any], *, quantization: str | None = None,
                  compute_capability: tuple[int, int] | None = None, mxfp4_backend: str | None = None,
-                 vllm_version: str | None = None) -> QuantScheme:
-    """How each kind of weight is stored, from config.json's quantization_config (or ``--quantization``).
+                 vllm_version: str | None = None, dtype: str | None = None) -> QuantScheme:
+    """How each kind of weight is held, from config.json's quantization_config, vLLM's ``--quantization``
+    (fp8 of a 16-bit checkpoint at load) and ``--dtype`` (the unquantized parts' width).
 
-    vLLM never quantizes the embeddings; the unquantized parts of a checkpoint stay 16-bit. MXFP4
-    (gpt-oss) quantizes only the routed experts, which its MoE backend pads: Marlin (before Hopper,
+    vLLM never quantizes the embeddings; the unquantized parts of a checkpoint are in the model dtype.
+    MXFP4 (gpt-oss) quantizes only the routed experts, which its MoE backend pads: Marlin (before Hopper,
     or Hopper without the ``triton_kernels`` package) the most; ``mxfp4_backend=None`` takes it.
     """
     cfg = _text_config(config)
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", default=1)
     qc = cfg.get("quantization_config") or cfg.get("compression_config") or config.get("quantization_config")
-    b16 = 2.0
+    b16 = dtype_bpw(dtype)
+
+    def scheme(method: str | None, lin: float, mlp: float, exp: float, note: str = "") -> QuantScheme:
+        return QuantScheme(method, lin, mlp, exp, b16, note, unquantized_bpw=b16)
+
     if not isinstance(qc, dict):
-        if quantization in ("fp8", "ptpc_fp8"):                # online fp8 of a 16-bit checkpoint
-            return QuantScheme("fp8", 1.0, 1.0, 1.0, b16, "online fp8, per-tensor scales")
-        if quantization == "bitsandbytes":
+        q = (quantization or "").lower()
+        if q in ONLINE_FP8:                 # online fp8 of a 16-bit checkpoint: fp8 weights, one fp32 scale each
+            return scheme("fp8", 1.0, 1.0, 1.0, "online fp8, per-tensor scales")
+        if q == "bitsandbytes":
             bpw = 0.5 + 4 / 64
-            return QuantScheme("bitsandbytes", bpw, bpw, bpw, b16, "in-flight nf4, fp32 absmax per 64")
-        return QuantScheme(None, b16, b16, b16, b16)
+            return scheme("bitsandbytes", bpw, bpw, bpw, "in-flight nf4, fp32 absmax per 64")
+        return scheme(None, b16, b16, b16)
     method = str(qc.get("quant_method") or qc.get("format") or quantization or "").lower()
     skip = list(qc.get("modules_to_not_convert") or qc.get("ignore") or qc.get("ignored_layers")
                 or qc.get("llm_int8_skip_modules") or [])
@@ -312,16 +537,16 @@ def quant_scheme(config: dict[str, Any], *, quantization: str | None = None,
         g = int(qc.get("group_size") or qc.get("q_group_size") or 128)
         g = g if g > 0 else 1 << 30
         bpw = bits / 8 + bits / 8 / g + 2 / g       # packed weights, packed zero points, fp16 scales
-        return _apply_skips(QuantScheme(method.replace("_marlin", ""), bpw, bpw, bpw, b16,
-                                        f"{bits}-bit, group {g if g < 1 << 30 else 'channel'}"), skip)
+        return _apply_skips(scheme(method.replace("_marlin", ""), bpw, bpw, bpw,
+                                   f"{bits}-bit, group {g if g < 1 << 30 else 'channel'}"), skip, layers)
     if method == "fp8":
         blk = qc.get("weight_block_size")
         bpw = 1 + (4 / (blk[0] * blk[1]) if blk else 0.0)       # fp32 scale-inverse per block
-        return QuantScheme("fp8", bpw, bpw, bpw, b16, "block-wise" if blk else "per-tensor")
+        return _apply_skips(scheme("fp8", bpw, bpw, bpw, "block-wise" if blk else "per-tensor"), skip, layers)
     if method == "mxfp4":
         bpw = 0.5 + 1 / 32                          # e2m1 nibbles + one e8m0 scale per 32
         attn = bpw if skip and not _matches("model.layers.0.self_attn", skip) else b16
-        s = QuantScheme("mxfp4", attn, b16, bpw, b16, "routed experts only")
+        s = scheme("mxfp4", attn, b16, bpw, "routed experts only")
         cc = compute_capability or (9, 0)
         backend = (mxfp4_backend or "").lower()
         if cc[0] >= 10 and backend in ("", "flashinfer"):
@@ -348,22 +573,22 @@ def quant_scheme(config: dict[str, Any], *, quantization: str | None = None,
         else:
             g = gsize if strategy == "group" else 1 << 30
             bpw = bits / 8 + 2 / g + (0 if sym else bits / 8 / g)
-        return _apply_skips(QuantScheme("compressed-tensors", bpw, bpw, bpw, b16, f"{bits}-bit {strategy}"),
-                            [x for x in skip if "lm_head" not in str(x)])
+        return _apply_skips(scheme("compressed-tensors", bpw, bpw, bpw, f"{bits}-bit {strategy}"),
+                            [x for x in skip if "lm_head" not in str(x)], layers)
     if method in ("bitsandbytes", "bnb"):
         if qc.get("load_in_8bit") or (not qc.get("load_in_4bit") and not qc.get("bnb_4bit_quant_type")):
             bpw, note = 1.0, "LLM.int8"
         else:
             # vLLM dequantizes double-quantized absmax to fp32 at load (bitsandbytes_loader._dequantize_dq)
             bpw, note = 0.5 + 4 / 64, "4-bit, fp32 absmax per 64"
-        return _apply_skips(QuantScheme("bitsandbytes", bpw, bpw, bpw, b16, note), skip)
+        return _apply_skips(scheme("bitsandbytes", bpw, bpw, bpw, note), skip, layers)
     if method in ("modelopt", "modelopt_fp4", "nvfp4"):
         algo = str((qc.get("quantization") or {}).get("quant_algo") or qc.get("quant_algo") or "").upper()
         if "FP4" in algo:
             bpw = 0.5 + 1 / 16
-            return QuantScheme("nvfp4", bpw, bpw, bpw, b16, "fp8 scale per 16")
-        return QuantScheme("fp8", 1.0, 1.0, 1.0, b16, "modelopt fp8")
-    return QuantScheme(method or None, b16, b16, b16, b16, "unknown method: 16-bit assumed")
+            return scheme("nvfp4", bpw, bpw, bpw, "fp8 scale per 16")
+        return scheme("fp8", 1.0, 1.0, 1.0, "modelopt fp8")
+    return scheme(method or None, b16, b16, b16, "unknown method: 16-bit assumed")
 
 
 #: The schemes the plan offers as a quantized variant of the same shapes (its verdict's options).
@@ -385,23 +610,11 @@ class WeightParts:
     expert_bias: int = 0
     router: int = 0
     norms: int = 0
-    vision: int = 0           # vision tower + projector
+    vision: int = 0           # vision and audio towers + projectors
 
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def _vision_params(vision: dict[str, Any], text_hidden: int) -> int:
-    """A ViT-style tower and a two-layer projector from vision_config (an estimate)."""
-    h = int(vision.get("hidden_size") or vision.get("embed_dim") or 0)
-    layers = int(vision.get("num_hidden_layers") or vision.get("depth") or 0)
-    if not h or not layers:
-        return 0
-    i = int(vision.get("intermediate_size") or 4 * h)
-    patch, ch = int(vision.get("patch_size") or 14), int(vision.get("num_channels") or 3)
-    per_layer = 4 * h * h + (3 if "silu" in str(vision.get("hidden_act") or "") else 2) * h * i + 4 * h
-    return layers * per_layer + ch * patch * patch * h + h * text_hidden + text_hidden * text_hidden
 
 
 def weight_parts(s: Shape) -> WeightParts:
@@ -420,7 +633,7 @@ def weight_parts(s: Shape) -> WeightParts:
         attn = 2 * H * q + 2 * H * kv + (q + 2 * kv if s.qkv_bias else 0) + (H if s.o_bias else 0)
         attn += s.heads if s.model_type == "gpt_oss" else 0          # attention sinks
     p.attn = L * attn
-    dense_mlp = (3 if s.gated else 2) * H * s.intermediate
+    dense_mlp = (3 if s.gated else 2) * H * (s.dense_intermediate or s.intermediate)
     if s.experts:
         p.mlp = s.dense_layers * dense_mlp + s.moe_layers * 3 * H * s.shared_intermediate
         p.experts = s.moe_layers * s.experts * 3 * H * s.moe_intermediate
@@ -430,78 +643,76 @@ def weight_parts(s: Shape) -> WeightParts:
     else:
         p.mlp = L * dense_mlp
     p.norms = L * 2 * H + H + (L * 2 * s.head_dim if s.qk_norm else 0)
-    p.vision = _vision_params(s.vision, H) if s.vision else 0
+    p.vision = s.towers
     return p
 
 
 def checkpoint_bytes(shape: Shape, scheme: QuantScheme) -> int:
     """The checkpoint's bytes (all ranks, no kernel padding): what a safetensors index would say."""
     p = weight_parts(shape)
-    return int(p.embed * 2 + p.lm_head * scheme.lm_head_bpw + p.attn * scheme.linear_bpw
-               + p.mlp * scheme.mlp_bpw + p.experts * scheme.expert_bpw + p.expert_bias * 2
-               + (p.router + p.norms + p.vision) * 2)
+    b16 = scheme.unquantized_bpw
+    return int(p.embed * b16 + p.lm_head * scheme.lm_head_bpw + p.attn * scheme.linear_bpw
+               + p.mlp * scheme.mlp_bpw + p.experts * scheme.expert_bpw + p.expert_bias * b16
+               + (p.router + p.norms + p.vision) * b16)
 
 
 def model_info_from_config(config: dict[str, Any], *, name: str = "", path: str | None = None,
-                           weights_bytes: int | None = None, weights_source: str = "") -> ModelInfo | None:
-    """Build a ModelInfo from a parsed config.json (pure); None when it has no transformer shape."""
-    cfg = _text_config(config)
-    try:
-        layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers") or 0)
-        hidden = int(cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model") or 0)
-        heads = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 0)
-    except (TypeError, ValueError):
+                           weights_bytes: int | None = None, weights_source: str = "",
+                           resolution: Resolution | None = None) -> ModelInfo | None:
+    """Build a ModelInfo from a parsed config.json (pure); None when it has no transformer shape.
+
+    ``resolution``: the config as transformers built it in vLLM's environment
+    (:func:`supervisor.core.model_config.from_transformers`); without it, the fallback table's
+    defaults (:func:`supervisor.core.model_config.with_defaults`).
+    """
+    if not isinstance(config, dict):
         return None
-    if not layers or not hidden or not heads:
+    res = resolution or with_defaults(config)
+    resolved = res.config
+    cfg = _text_config(resolved)
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
+    heads = _int(cfg, "num_attention_heads", "n_head")
+    if not layers or not hidden or not heads or layers > 1 << 16:
         return None
-    kv_heads = int(cfg.get("num_key_value_heads") or cfg.get("multi_query_group_num") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    shape = shape_from_config(resolved)
     torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
-    mla = bool(cfg.get("kv_lora_rank")) and cfg.get("qk_rope_head_dim") is not None
-    sliding = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") is False or not isinstance(sliding, int):
-        sliding = None
-    layer_types = tuple(str(t) for t in (cfg.get("layer_types") or ()))
-    pattern = cfg.get("sliding_window_pattern") or (2 if cfg.get("model_type") == "gemma2" else 0)
-    if not layer_types and sliding and isinstance(pattern, int) and pattern > 1:
-        # Gemma 2/3 interleave: every pattern-th layer is global, the rest slide.
-        layer_types = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                            for i in range(layers))
-    if layer_types and not any("sliding" in t for t in layer_types):
-        layer_types = ()
-    if layer_types and sliding is None:
-        layer_types = ()                    # a pattern without a window: every layer is full
-    keys = {k: int(cfg[k]) for k in MAX_LEN_KEYS if isinstance(cfg.get(k), (int, float))}
+    types, window, chunk = attention_layout(cfg)
+    keys = {k: int(cfg[k]) for k in MAX_LEN_KEYS
+            if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool) and cfg[k] > 0}
     info = ModelInfo(
         name=name or str(config.get("_name_or_path") or ""),
         path=path,
-        architectures=tuple(config.get("architectures") or cfg.get("architectures") or ()),
+        architectures=tuple(str(a) for a in (config.get("architectures") or cfg.get("architectures") or ())),
         model_type=str(config.get("model_type") or cfg.get("model_type") or ""),
         num_layers=layers,
         num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        num_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
         hidden_size=hidden,
-        intermediate_size=int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden),
-        vocab_size=int(cfg.get("vocab_size") or 32000),
+        intermediate_size=shape.intermediate,
+        vocab_size=shape.vocab,
         dtype_bytes=DTYPE_BYTES.get(torch_dtype, 2),
         torch_dtype=torch_dtype,
-        mla=mla,
-        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
-        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-        sliding_window=sliding,
-        layer_types=layer_types,
+        mla=shape.mla,
+        kv_lora_rank=shape.kv_lora_rank,
+        qk_rope_head_dim=shape.qk_rope,
+        sliding_window=window,
+        layer_types=types,
         max_len_keys=keys,
         rope_scaling=_rope(cfg),
         weights_bytes=weights_bytes,
         weights_source=weights_source,
         quantization=_quantization(cfg),
-        num_experts=int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0),
-        config=dict(config),
+        num_experts=shape.experts,
+        attention_chunk_size=chunk,
+        config_source=res.source,
+        config_known=res.known,
+        config=dict(resolved),
     )
     info = replace(info, derived_max_model_len=derive_max_model_len(info))
     if info.weights_bytes is None:
         # No index and no files: the checkpoint's bytes from the shapes and quantization_config.
-        info = replace(info, weights_bytes=checkpoint_bytes(info.shape, quant_scheme(config)),
+        info = replace(info, weights_bytes=checkpoint_bytes(info.shape, quant_scheme(resolved)),
                        weights_source="estimate")
     return info

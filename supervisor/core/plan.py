@@ -13,12 +13,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from supervisor.core import vllm
-from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
-                                   KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
-                                   PIPELINE_PARALLEL, TENSOR_PARALLEL, UTILIZATION, Flags, format_value)
 from supervisor.core import memory as M
+from supervisor.core import vllm
+from supervisor.core.flags import (
+    BLOCK_SIZE,
+    CHUNKED_PREFILL,
+    CPU_OFFLOAD,
+    ENFORCE_EAGER,
+    KV_CACHE_BYTES,
+    KV_CACHE_DTYPE,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    PIPELINE_PARALLEL,
+    TENSOR_PARALLEL,
+    UTILIZATION,
+    Flags,
+    format_value,
+)
 from supervisor.core.memory import activation_bytes, fit_max_model_len, kv_budget, kv_bytes_per_token
 from supervisor.core.model import ModelInfo, derive_max_model_len
 from supervisor.core.units import GiB
@@ -61,7 +75,7 @@ def v0_chunked_gain_tokens(info: ModelInfo, *, from_tokens: int, to_tokens: int,
     estimates is used, so it corrects a capacity vLLM measured rather than predicting one.
     """
     version = vllm_version if vllm.is_v0(vllm_version) else None
-    kw = dict(seqs=seqs, tp=tp, dtype=dtype, vllm_version=version, engine="v0")
+    kw: dict[str, Any] = dict(seqs=seqs, tp=tp, dtype=dtype, vllm_version=version, engine="v0")
     before = activation_bytes(info, tokens=from_tokens, **kw)
     after = activation_bytes(info, tokens=to_tokens, **kw)
     per_token = kv_bytes_per_token(info, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
@@ -141,7 +155,7 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
     block = flags.get_int(BLOCK_SIZE) or vllm.default_block_size(
         mla=info.mla, platform=platform, compute_capability=cc, vllm_version=vllm_version)
     hybrid = None if not flags.enabled("--disable-hybrid-kv-cache-manager") else False
-    common = dict(gpu_total_bytes=total, utilization=util, tp=tp, pp=pp, vllm_version=vllm_version,
+    common: dict[str, Any] = dict(gpu_total_bytes=total, utilization=util, tp=tp, pp=pp, vllm_version=vllm_version,
                   enforce_eager=flags.enabled(ENFORCE_EAGER), other_used_bytes=held,
                   platform=platform, cpu_kv_space_gib=cpu_kv_space_gib,
                   kv_cache_memory_bytes=flags.get_int(KV_CACHE_BYTES),
@@ -153,7 +167,7 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
     v0 = vllm.is_v0(vllm_version)
 
     def budget(length: int, eager: bool = False) -> M.Budget:
-        kw = dict(common, enforce_eager=True) if eager else common
+        kw: dict[str, Any] = dict(common, enforce_eager=True) if eager else common
         return kv_budget(info, max_model_len=length, chunked_prefill=chunked, **kw)
 
     def fit_at(length: int, kv_dtype_: str, end: str, eager: bool = False) -> int:

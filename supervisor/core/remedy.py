@@ -13,14 +13,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from supervisor.config import RemedyConfig
 from supervisor.core import vllm
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.flags import (BLOCK_SIZE, CHUNKED_PREFILL, CPU_OFFLOAD, ENFORCE_EAGER, KV_CACHE_BYTES,
-                                   KV_CACHE_DTYPE, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS,
-                                   TENSOR_PARALLEL, UTILIZATION, Flags, canonical)
+from supervisor.core.flags import (
+    BLOCK_SIZE,
+    CHUNKED_PREFILL,
+    CPU_OFFLOAD,
+    ENFORCE_EAGER,
+    KV_CACHE_BYTES,
+    KV_CACHE_DTYPE,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    TENSOR_PARALLEL,
+    UTILIZATION,
+    Flags,
+    canonical,
+)
 from supervisor.core.memory import GRAPH_OUTSIDE_FLOOR_BYTES, kv_bytes_per_token
 from supervisor.core.plan import Fit, Sizing, utilization_under_free, v0_chunked_gain_tokens
 from supervisor.core.units import GiB
@@ -359,7 +371,7 @@ def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: fl
     planned = _plan(ctx, current.set(UTIL, f"{util:g}"), total_gib=total_gib, free_gib=free_gib,
                     context_bytes=context_bytes)
     if planned is not None and UTIL in planned.flags:
-        return float(planned.flags[UTIL]), planned
+        return float(cast(str, planned.flags[UTIL])), planned
     # the model unknown: the least room the plan ever leaves for graphs captured outside the budget
     reserve = GRAPH_OUTSIDE_FLOOR_BYTES / GiB if _graphs_outside_budget(current, ctx) else 0.0
     return utilization_under_free((free_gib - reserve) * GiB, total_gib * GiB, context_bytes=context_bytes,
@@ -549,9 +561,9 @@ def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             return Relaunch(step.flags, step.changes, step.why, step="oom_profile:max_num_batched_tokens")
     if "oom_profile:lower_utilization" not in ctx.tried and _allowed(ctx, "gpu_memory_utilization"):
         now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
-        new = round(now - 0.05, 2)
-        if new >= 0.5:
-            return _set(current, UTIL, new,
+        share = round(now - 0.05, 2)
+        if share >= 0.5:
+            return _set(current, UTIL, share,
                         "profiling ran out of memory; a lower utilization leaves more headroom "
                         "outside vLLM's budget", "oom_profile:lower_utilization")
     return GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been "
@@ -601,13 +613,13 @@ def _removed_in_evidence(d: Diagnosis, current: Flags, ctx: Context) -> dict[str
     text = d.evidence
     if "unrecognized arguments:" not in text or "drop_removed_flags" in ctx.tried:
         return {}
-    version = vllm.parse_version(_version(d, ctx))
     out: dict[str, str] = {}
     for token in text.split("unrecognized arguments:", 1)[1].split():
         name = canonical(token.split("=", 1)[0])
         if name in vllm.REMOVED_FLAGS and current.has(name):
-            since = vllm.REMOVED_FLAGS[name][0]
-            out[name] = vllm.removed_flag(name, version or since) or ""
+            # vLLM itself calls it unrecognized: gone from this vLLM whatever its version says, and the
+            # reason is the release that removed it (an older version's would be empty)
+            out[name] = vllm.removed_flag(name, vllm.REMOVED_FLAGS[name][0]) or ""
     return out
 
 
@@ -715,6 +727,7 @@ def _foresee(decision: Relaunch, d: Diagnosis, ctx: Context) -> Relaunch:
     length = _length(decision.flags, d, ctx)
     if new is None or (new != "auto" and (not new.isdigit() or (length and int(new) >= length))):
         return decision
+    assert planned is not None           # new came from it
     flags, changes = decision.flags.set(MML, new), [Change(MML, decision.flags.get(MML), new, (
         "with the relaunch's other flags, " + planned.reasons.get(MML, "the plan says so")))]
     if CHUNKED in planned.flags and not flags.has(CHUNKED):      # V0: the length counts on it

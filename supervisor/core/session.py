@@ -22,17 +22,25 @@ The order of a session::
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import tenacity
 
 from supervisor.config import GuardConfig
-from supervisor.core import exits, memory, remedy, vllm
+from supervisor.core import exits, memory, remediable, remedy, vllm
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.flags import (KV_CACHE_DTYPE, MAX_MODEL_LEN, PIPELINE_PARALLEL, TENSOR_PARALLEL, UTILIZATION,
-                                   Flags, diff)
+from supervisor.core.flags import (
+    KV_CACHE_DTYPE,
+    MAX_MODEL_LEN,
+    PIPELINE_PARALLEL,
+    TENSOR_PARALLEL,
+    UTILIZATION,
+    Flags,
+    diff,
+)
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.lifecycle import Lifecycle, State
 from supervisor.core.model import ModelInfo, derive_max_model_len
@@ -63,7 +71,7 @@ class Measured:
                 "under": [list(pair) for pair in self.under]}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Measured | None":
+    def from_dict(cls, d: Any) -> Measured | None:
         """From the state dir's JSON; None when it is not the shape :meth:`to_dict` writes."""
         try:
             under = tuple((str(k), None if v is None else str(v)) for k, v in d["under"])
@@ -77,11 +85,19 @@ class Measured:
 
 @dataclass(frozen=True)
 class Learned:
-    """Flags an earlier healthy launch used under the same conditions (from the state dir)."""
+    """What the guard itself changed for an earlier healthy launch under the same conditions (from the
+    state dir): flag -> value, applied over the user's own flags. Only flags the guard changes, each value
+    in its type and range (:mod:`supervisor.core.remediable`), can be held: anything else is a ValueError
+    here, so a planted store can never add a flag."""
 
-    argv: tuple[str, ...]
+    flags: Mapping[str, remediable.LearnedValue]
     saved_at: str = ""
     reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checked = {flag: remediable.accept(flag, value) for flag, value in self.flags.items()}
+        object.__setattr__(self, "flags", checked)
+        object.__setattr__(self, "reasons", {k: remediable.reason(v) for k, v in self.reasons.items() if k in checked})
 
 
 @dataclass(frozen=True)
@@ -161,8 +177,8 @@ class End:
 class Healthy:
     """What a launch that just became healthy means: the flags to remember, and why each differs."""
 
-    learn: tuple[str, ...] | None              # argv to store as learned (None: do not store)
-    reasons: Mapping[str, str]
+    learn: Mapping[str, remediable.LearnedValue] | None   # what the guard changed, to store (None: do not store)
+    reasons: Mapping[str, str]                 # why, for each flag of ``learn``
     measured: Measured | None = None           # vLLM's memory as it printed it, kept with the flags
 
 
@@ -190,6 +206,8 @@ class Session:
         self._on_state = on_state
         self._lifecycle = Lifecycle()
         self._learned = facts.learned
+        self._bounds_of: Flags | None = None
+        self._bounds: tuple[int, int | None] | None = None
         self._fails_without_health = 0
         self._tried: list[str] = []
         self._previous: list[Diagnosis] = []
@@ -232,8 +250,8 @@ class Session:
         cfg, requested = self.cfg, self.requested
         learned = self._learned if cfg.plan.learn and use_learned else None
         if learned is not None:
-            flags = Flags.parse(list(learned.argv), base=requested.base)
-            for name, (was, now) in diff(requested, flags).items():
+            flags = remediable.apply(requested, learned.flags)
+            for name, (_was, now) in diff(requested, flags).items():
                 self._note(name, now, learned.reasons.get(name, "learned from an earlier healthy launch"), "store")
             self.flags_source = "store"
             return Launch(flags, why=f"using the flags learned on {learned.saved_at or 'an earlier start'}",
@@ -293,9 +311,12 @@ class Session:
 
     def auto_fit_bounds(self) -> tuple[int, int | None] | None:
         """(floor, ceiling) held on vLLM's choice when the launch uses ``--max-model-len auto``."""
-        if not self.current.auto_length():
-            return None
-        return self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)
+        current = self.current
+        if self._bounds_of is not current:      # asked for every line vLLM prints: once per set of flags
+            self._bounds_of = current
+            self._bounds = (self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)) \
+                if current.auto_length() else None
+        return self._bounds
 
     def check_auto_fit(self, numbers: Mapping[str, Any], phase: str) -> Diagnosis | None:
         """A failure of the guard's own bounds on ``--max-model-len auto`` (None: within them, or not auto)."""
@@ -351,7 +372,10 @@ class Session:
         measured = self._measured(numbers)
         if measured is not None:
             self._size_with(measured)          # later relaunches of this run size with it too
-        return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons, measured)
+        if not self.cfg.plan.learn:
+            return Healthy(None, {}, measured)
+        changed = remediable.changes(self.requested, learn)
+        return Healthy(changed, {k: v for k, v in reasons.items() if k in changed}, measured)
 
     def _size_with(self, measured: Measured) -> None:
         if self.sizing is not None:
@@ -405,14 +429,15 @@ class Session:
         self._to(State.HEALTHY, "probes pass again")
 
     def restart(self, reset: bool) -> Launch:
-        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's."""
+        """A restart asked for (POST /restart): the current flags, or with ``reset`` the user's, and
+        the learned flags dropped from the store (else the next start would go back to them)."""
         self.restarts += 1
         if reset:
-            self.current, self.notes, self.flags_source = self.requested, {}, "user"
+            self.current, self.notes, self.flags_source, self._learned = self.requested, {}, "user", None
         self._to(State.RESTARTING, "restart requested")
         return Launch(self.current, why="restart requested: " + (
             "back to the flags you asked for" if reset else "relaunching with the current flags"),
-            reason="reset" if reset else "request")
+            reason="reset" if reset else "request", forget_learned=reset)
 
     def stopping(self, why: str) -> None:
         self._to(State.STOPPING, why)
@@ -491,7 +516,7 @@ class Session:
         """Exponential backoff with jitter (tenacity's policy) before relaunch ``attempt`` (1-based)."""
         b = self.cfg.backoff
         wait = tenacity.wait_exponential(multiplier=b.initial, max=b.maximum, exp_base=b.multiplier)
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]  # only attempt_number is read
         state.attempt_number = attempt
         return min(b.maximum, wait(state)) + self._rng.uniform(0, b.jitter)
 

@@ -62,6 +62,21 @@ FREE_BASED_NON_KV_SINCE: Version = (0, 27, 0)
 #: Batch defaults of 16384 tokens on GPUs of 160 GiB or more (B200, B300, MI300X).
 BATCH_16K_SINCE: Version = (0, 28, 0)
 
+#: The unquantized fused MoE runs through the modular kernel, whose workspace manager keeps the
+#: experts' intermediate buffers allocated across forwards (``v1/worker/workspace.py``): they are still
+#: held while the profile's sampler runs.
+MOE_PERSISTENT_WORKSPACE_SINCE: Version = (0, 14, 0)
+#: The in-place Triton top-k/top-p kernel (8 rows or more), with its per-SM buffer of vocabulary rows
+#: (``v1/sample/ops/topk_topp_triton.py``).
+TRITON_SAMPLER_SINCE: Version = (0, 17, 0)
+#: FlashInfer's sampler is the default on cc >= 7.5; the Triton kernel only without it.
+FLASHINFER_SAMPLER_SINCE: Version = (0, 21, 0)
+#: The -O2 default turns on the FlashInfer all-reduce + RMSNorm fusion for TP > 1 on Hopper and Blackwell
+#: (``config/vllm.py:enable_allreduce_rms_fusion``), whose workspaces are created while compiling, after
+#: the memory snapshot: non-torch memory. Up to 0.20 not with pipeline parallelism.
+ALLREDUCE_FUSION_SINCE: Version = (0, 17, 0)
+ALLREDUCE_FUSION_WITH_PP_SINCE: Version = (0, 21, 0)
+
 #: Bytes per logits element at the sampler's peak: a sort-based top-k/top-p (bf16 logits 2, an fp32
 #: copy 4, sorted values 4, int64 indices 8, the sort's own temporaries 20) ...
 SAMPLER_SORT_BPE = 38
@@ -219,6 +234,35 @@ def sampler_bytes_per_element(version: str | None, *, rows: int = 1024, flashinf
     return SAMPLER_SORT_BPE
 
 
+def moe_workspace_persists(version: str | None) -> bool:
+    """The fused-MoE intermediate buffers stay allocated between forwards (0.14+)."""
+    return rules(version) >= MOE_PERSISTENT_WORKSPACE_SINCE
+
+
+def triton_sampler_buffer(version: str | None, *, rows: int, flashinfer: bool | None = None,
+                          compute_capability: tuple[int, int] | None = None) -> bool:
+    """The profile's sampler runs the in-place Triton kernel, which keeps one vocabulary row per SM."""
+    v = rules(version)
+    if v < TRITON_SAMPLER_SINCE or rows < 8:
+        return False
+    if v >= FLASHINFER_SAMPLER_SINCE and (compute_capability is None or compute_capability >= (7, 5)) \
+            and flashinfer is not False:
+        return False
+    return True
+
+
+def allreduce_fusion(version: str | None, *, tp: int, pp: int = 1,
+                     compute_capability: tuple[int, int] | None = None) -> bool:
+    """vLLM's default compilation fuses all-reduce and RMSNorm with FlashInfer (a dependency of the CUDA
+    wheels), creating its communication workspaces after the memory snapshot."""
+    v = rules(version)
+    if v < ALLREDUCE_FUSION_SINCE or tp <= 1 or compute_capability is None:
+        return False
+    if compute_capability != (9, 0) and compute_capability[0] != 10:
+        return False
+    return pp <= 1 or v >= ALLREDUCE_FUSION_WITH_PP_SINCE
+
+
 def capture_sizes(version: str | None, *, max_num_seqs: int, max_num_batched_tokens: int,
                   compute_capability: tuple[int, int] | None = None) -> list[int]:
     """The batch sizes vLLM captures CUDA graphs for by default (``_set_cudagraph_sizes``)."""
@@ -280,13 +324,25 @@ def batch_defaults(gpu_total_bytes: int, *, vllm_version: str | None = None, pla
     return tokens, seqs
 
 
+#: vLLM sizes the KV block by the attention backend's kernel sizes (``update_block_size_for_backend``):
+#: MLA on Hopper runs FlashAttention-MLA (any multiple of 16: the default 16), on Blackwell
+#: FlashInfer-MLA (32 or 64: the smaller). Before, the platform forced FlashMLA's 64 on Hopper and
+#: CUTLASS-MLA's 128 on Blackwell (``CudaPlatform.check_and_update_config``).
+MLA_BLOCK_BY_BACKEND_SINCE: Version = (0, 18, 0)
+
+
 def default_block_size(*, mla: bool = False, platform: str = "cuda",
                        compute_capability: tuple[int, int] | None = None, vllm_version: str | None = None) -> int:
-    """16 on CUDA (64 for FlashMLA on Hopper+), 128 on the CPU backend (16 for its MLA kernel)."""
+    """16 on CUDA; MLA: 64 (Hopper) / 128 (Blackwell) up to 0.17, 16 / 32 from 0.18; 128 on the CPU
+    backend (16 for its MLA kernel)."""
     if platform == "cpu":
         return 16 if mla else CPU_BLOCK_SIZE
-    if mla and compute_capability and compute_capability >= (9, 0) and rules(vllm_version) >= V1_SINCE:
-        return 64
+    v = rules(vllm_version)
+    if mla and compute_capability and compute_capability >= (9, 0) and v >= V1_SINCE:
+        blackwell = compute_capability[0] == 10
+        if v >= MLA_BLOCK_BY_BACKEND_SINCE:
+            return 32 if blackwell else 16
+        return 128 if blackwell and v >= (0, 10, 0) else 64
     return 16
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from supervisor.config import GuardConfig
 from supervisor.core.flags import Flags
-from supervisor.core.gpus import GpuDevice, check_gpu_count, sizing_device, visible
+from supervisor.core.gpus import GpuDevice, check_gpu_count, cuda_total_bytes, sizing_device, visible
 from supervisor.core.session import Facts
 from supervisor.core.units import GiB
 from supervisor.errors import Refused
@@ -59,17 +60,23 @@ def gpus_for(requested: Flags, provider: Any, environ: Mapping[str, str]) -> lis
 
 
 def gather(cfg: GuardConfig, environ: Mapping[str, str], provider: Any,
-           read_model: Callable[[str], Any] = model_files.load_model_info) -> Gathered:
-    """Read the GPUs, the installed vLLM and the model's config.json once; raise Refused for too few GPUs."""
+           read_model: Callable[[str], Any] | None = None) -> Gathered:
+    """Read the GPUs, the installed vLLM and the model's config.json once; raise Refused for too few GPUs.
+    The config is resolved by vLLM's own transformers where its interpreter is known."""
     requested = cfg.requested_flags()
     notes: list[str] = []
     warnings: list[str] = []
     installed = vllm_install.installed(cfg.vllm_argv, environ)
+    if read_model is None:
+        def read_model(name: str) -> Any:
+            return model_files.load_model_info(name, python=installed.python if installed else None,
+                                               environ=environ)
     devices = gpus_for(requested, provider, environ)
     if devices:
         platform = "cuda"
         dev = sizing_device(devices, len(devices)) or devices[0]
-        free, total = dev.free_bytes / GiB, dev.total_bytes / GiB
+        # vLLM's total is CUDA's: NVML's less what the driver reserves (an H100's 81559 MiB is 79.18 GiB)
+        free, total = dev.free_bytes / GiB, (cuda_total_bytes(dev.name, dev.total_bytes) or dev.total_bytes) / GiB
         key = ",".join(d.uuid or f"gpu{d.index}" for d in devices)
         ours = {os.getpid()}
         for d in devices:

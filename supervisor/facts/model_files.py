@@ -2,8 +2,11 @@
 
 The shell around :mod:`supervisor.core.model`: config.json from a local path or the HF cache
 (never downloading weights), else, when online, from the Hub with a short timeout; the weights'
-size from the safetensors index, else the files. Nothing here raises for missing data: unknown
-is ``None``.
+size from the safetensors index, else the files. Given vLLM's interpreter, the config is resolved
+by that environment's transformers, as vLLM will resolve it
+(:func:`supervisor.facts.vllm_install.resolved_config`); otherwise, or where it cannot, by the
+plan's table of the configuration classes' defaults. Nothing here raises for missing data:
+unknown is ``None``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from supervisor.core.model import ModelInfo, model_info_from_config
+from supervisor.core.model_config import Resolution, from_transformers
+from supervisor.facts import vllm_install
 
 
 def hf_hub_cache() -> str:
@@ -119,13 +125,27 @@ def _with_quantization_file(config: dict[str, Any], directory: str) -> dict[str,
     return config
 
 
-def load_model_info(model: str, *, revision: str | None = None, online: bool | None = None) -> ModelInfo | None:
-    """ModelInfo for a local dir, a config.json path, or a Hub id (cache first, then the Hub if online); None if unreadable."""
+def _resolution(config: dict[str, Any], directory: str, python: str | None,
+                environ: Mapping[str, str] | None) -> Resolution | None:
+    """The config as vLLM's transformers builds it, when its interpreter is given and can say."""
+    if not python:
+        return None
+    found = vllm_install.resolved_config(python, directory, environ)
+    if found is None:
+        return None
+    return from_transformers(config, found.config, found.transformers_version)
+
+
+def load_model_info(model: str, *, revision: str | None = None, online: bool | None = None,
+                    python: str | None = None, environ: Mapping[str, str] | None = None) -> ModelInfo | None:
+    """ModelInfo for a local dir, a config.json path, or a Hub id (cache first, then the Hub if online); None
+    if unreadable. ``python``: vLLM's interpreter (``vllm_install.installed(...).python``), whose transformers
+    resolves the config (in ``environ``, vLLM's environment); without it the plan's table does."""
     if not model:
         return None
     path = os.path.expanduser(model)
     if os.path.isfile(path) and os.path.basename(path).endswith(".json"):
-        directory = os.path.dirname(os.path.abspath(path))
+        directory: str | None = os.path.dirname(os.path.abspath(path))
         config = _read_json(path)
     elif os.path.isdir(path):
         directory = os.path.abspath(path)
@@ -144,6 +164,11 @@ def load_model_info(model: str, *, revision: str | None = None, online: bool | N
             return model_info_from_config(config, name=model, path=None)
     if config is None:
         return None
+    directory = cast(str, directory)      # None only where config is None too
     config = _with_quantization_file(config, directory)
     weights, source = weights_bytes_in(directory)
-    return model_info_from_config(config, name=model, path=directory, weights_bytes=weights, weights_source=source)
+    # A config file given under another name is not what transformers would load from its directory.
+    named = os.path.isfile(path) and os.path.basename(path) != "config.json"
+    res = None if named else _resolution(config, directory, python, environ)
+    return model_info_from_config(config, name=model, path=directory, weights_bytes=weights, weights_source=source,
+                                  resolution=res)

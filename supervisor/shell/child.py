@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from supervisor.shell import procs, signalling
 from supervisor.shell.signalling import Proc
@@ -31,6 +31,24 @@ class LineSplitter:
         self.max_line = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
+        # The common chunk (no \r, not inside an over-long line) is cut by bytes.split, in C: a busy vLLM
+        # prints 100,000+ lines a second, and the loop below costs a microsecond a line.
+        if not self._skipping and not self._pending_cr and b"\r" not in data:
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if lines:
+                if self._buf:
+                    lines[0] = bytes(self._buf) + lines[0]
+                if len(rest) <= self.max_line and max(map(len, lines)) <= self.max_line:
+                    self._buf.clear()
+                    self._buf += rest
+                    return lines
+            elif len(self._buf) + len(rest) <= self.max_line:
+                self._buf += rest
+                return []
+        return self._feed_slow(data)
+
+    def _feed_slow(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
         start = 0
         if self._pending_cr and data[:1] == b"\n":
@@ -138,14 +156,15 @@ class Child:
         for line in splitter.close():
             self.on_line(line, name)
 
-    def remember_tree(self) -> None:
-        """Record the launch's processes now (engine and workers), to end or watch them later."""
+    def remember_tree(self, record: bool = True) -> None:
+        """Note the launch's processes now (engine and workers), to end or watch them later; ``record``:
+        in ``launch.json`` too, for the next guard if this one is SIGKILLed."""
         if self.leader is None:
             return
         tree = signalling.snapshot_tree(self.leader)
         for p in tree:
             self.tree.setdefault(p.pid, p)
-        if self.state_dir and tree:
+        if self.state_dir and tree and record:
             # A second way for the next guard to find them if this one is SIGKILLed.
             procs.note_tree(self.state_dir, tree)
 
@@ -179,7 +198,7 @@ class Child:
         or for a stopped process), reap."""
         if self.proc is None:
             return None
-        self.remember_tree()
+        self.remember_tree(record=False)     # signal first; the disk is written after (it may be full or slow)
         state_dir = self.state_dir
         find = (lambda: procs.marked_processes(state_dir)) if state_dir else None
         victims = list(self.tree.values())
@@ -188,7 +207,7 @@ class Child:
         await signalling.end_async(victims, self.pgid, grace, hurry, find)
         try:
             code = await asyncio.wait_for(self.wait(), timeout=max(grace, 1.0) + 5)
-        except asyncio.TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
+        except TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
             if self.leader is not None:
                 signalling.send(self.leader, signal.SIGKILL)
             code = await self.wait()

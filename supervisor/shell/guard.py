@@ -21,7 +21,8 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import structlog
 
@@ -30,19 +31,22 @@ from supervisor.config import GuardConfig, default_state_dir
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags, secrets_to_environ
 from supervisor.core.lifecycle import State
+from supervisor.core.progress import Progress, last_failure, seconds_text, summary
 from supervisor.core.session import FAILED, STOPPED, End, Launch, Outcome, Session
-from supervisor.errors import EX_SOFTWARE, ConfigError, GuardError, Refused
+from supervisor.errors import EX_SOFTWARE, EX_TEMPFAIL, ConfigError, GuardError, Refused, StateError
 from supervisor.facts.nvml import NvmlProvider
 from supervisor.facts.vllm_install import require_command
 from supervisor.secrets import REGISTRY, argv_secrets
-from supervisor.shell import auth, procs, sdnotify, statedir
+from supervisor.shell import auth, learned, procs, sdnotify
 from supervisor.shell.child import Child
 from supervisor.shell.gpus import Gpus
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher, port_taken
 from supervisor.shell.live import render
+from supervisor.shell.locks import StateDirLock
 from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober
 from supervisor.shell.report import Report
+from supervisor.shell.statefiles import DISK_FAULTS
 from supervisor.shell.status_server import StatusServer, StatusServerError
 
 log = structlog.get_logger("vllm-guard")
@@ -75,10 +79,13 @@ class Guard:
         self._stop = asyncio.Event()
         self._hurry = threading.Event()       # a second stop: no grace for vLLM
         self._heartbeat = time.monotonic()
-        self._lock: statedir.StateDirLock | None = None
-        self._keys: statedir.StoreKeys | None = None
+        self._lock: StateDirLock | None = None
+        self._keys: learned.StoreKeys | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._warned_visible = False
+        self.progress: Progress | None = None   # the current launch's, in words
+        self._stop_asked: tuple[float, str] | None = None   # when the first stop came, and what kills now
+        self._told: tuple[str, float] = ("", 0.0)            # systemd's last STATUS= and when
 
     # -- entry point ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -104,10 +111,12 @@ class Guard:
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
             watchdog.cancel()
-            if self.live is not None:
+        try:
+            log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
+                     exit_code=self.exit_code)
+        finally:
+            if self.live is not None:     # the exit line above is now the last line, the live line gone
                 self.live.close()
-        log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
-                 exit_code=self.exit_code)
         return self.exit_code
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
@@ -117,9 +126,12 @@ class Guard:
             raise ConfigError("no model: pass MODEL (or --model, or model = ... in the config file)")
         require_command(cfg.vllm_argv, self.environ)
         try:
-            self._lock = stack.enter_context(statedir.StateDirLock(self.state_dir))
-        except (OSError, statedir.StateError) as e:
-            raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}") from None
+            self._lock = stack.enter_context(StateDirLock(self.state_dir))
+        except (OSError, StateError) as e:
+            # A full or failing disk may pass (75: systemd tries again); anything else needs a person (78).
+            fault = isinstance(e, OSError) and e.errno in DISK_FAULTS
+            raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}",
+                          EX_TEMPFAIL if fault else None) from None
         REGISTRY.add_environ(self.environ)
         REGISTRY.add_argv(cfg.vllm_args)
         REGISTRY.add_argv(cfg.vllm_file_args)        # vLLM's --config YAML, as the arguments vLLM makes of it
@@ -143,7 +155,7 @@ class Guard:
         facts = gathered.facts
         self.gpus = Gpus(self.gpu_provider, self.environ, self.state_dir, gathered.gpu_key, facts.devices, self._stop)
         if cfg.plan.learn:
-            facts, self._keys = statedir.learned_facts(cfg, facts, self.state_dir)
+            facts, self._keys = learned.learned_facts(cfg, facts, self.state_dir)
         self.session = Session(cfg, facts, rng=self.rng, on_state=self._on_state)
 
     async def _start_status(self, stack: contextlib.AsyncExitStack) -> None:
@@ -172,9 +184,10 @@ class Guard:
     async def _supervise(self) -> int:
         s, gpus = self.session, self.gpus
         assert s is not None and gpus is not None
-        step: Launch | End | None = s.first_launch()
-        if step.changes or step.reason == "learned":
-            log.info(step.why)
+        first = s.first_launch()
+        if first.changes or first.reason == "learned":
+            log.info(first.why)
+        step: Launch | End | None = first
         while not self._stop.is_set():
             if isinstance(step, End):
                 self.exit_reason = self.report.gave_up(step, gpus.holders())
@@ -182,7 +195,7 @@ class Guard:
             if step is None:
                 break
             if step.forget_learned and self._keys is not None:
-                statedir.LearnedStore(self.state_dir).drop(self._keys.flags)
+                learned.LearnedStore(self.state_dir).drop(self._keys.flags)
             if step.delay:
                 self.report.backoff_until = time.time() + step.delay
                 command = await self._next_command(step.delay)
@@ -204,7 +217,7 @@ class Guard:
         """Wait ``delay`` seconds, or until a command (stop, restart) comes; return it."""
         try:
             return await asyncio.wait_for(self._control.get(), timeout=delay)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     async def _unless_stopped(self, work: Awaitable[T]) -> T | None:
@@ -230,6 +243,7 @@ class Guard:
         n, argv = s.launches, c.launch_argv(flags)
         self.output.launch(n, self.report.launching(n, argv, s.notes))
         self._watcher = None
+        self.progress = self.report.progress = Progress(n, time.time())
         taken = port_taken(self.host, self.port, self.state_dir)
         if taken is not None:
             return Outcome(FAILED, taken)
@@ -238,15 +252,17 @@ class Guard:
                 return Outcome(STOPPED)
         prober = Prober(self.host, self.port, flags.get("--served-model-name") or c.model,
                         api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"), timeout=c.health.timeout)
-        hooks = LaunchHooks(on_line=self.output.line, on_healthy=self._on_healthy, on_probe=self.report.probe,
+        hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy, on_probe=self.report.probe,
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
         run_argv, moved = secrets_to_environ(argv, env)     # out of `ps`: into vLLM's own environment
         env.update(moved)
         self._warn_visible_secrets(run_argv)
         self.child = child = Child(run_argv, env, lambda line, stream: None, state_dir=self.state_dir)
+        bounds = s.check_auto_fit if flags.auto_length() else None      # asked per line: only where it applies
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
-                                          bounds=s.check_auto_fit, hurry=self._hurry, clean=self.output.mask)
+                                          bounds=bounds, hurry=self._hurry, clean=self.output.mask,
+                                          progress=self.progress)
         child.on_line = watcher.line
         try:
             async with gpus.turn(c.startup_timeout) as ours:
@@ -282,6 +298,7 @@ class Guard:
             await self.child.stop(self.cfg.stop_grace, self._hurry)
         if self.gpus is not None:
             self.gpus.release_turn()
+        self.output.close()
         if s is not None:
             s.stopped(self.exit_reason or "stopped")
 
@@ -294,14 +311,37 @@ class Guard:
     def _command(self, cmd: str, args: dict[str, Any]) -> None:
         if cmd == "stop":
             if self._stop.is_set():
+                if not self._hurry.is_set() and self._vllm_running():
+                    log.warning("asked to stop again: killing vLLM now")
                 self._hurry.set()           # asked twice: do not wait for vLLM's grace
+            else:
+                self._stopping(args.get("signal"))
             self._stop.set()
         self._control.put_nowait((cmd, args))
 
+    def _vllm_running(self) -> bool:
+        return self.child is not None and self.child.pid is not None and self.child.returncode is None
+
+    def _stopping(self, sig: Any) -> None:
+        """The first stop: say what happens now, for how long, and how to cut it short."""
+        again = ("Ctrl-C again" if sig == signal.SIGINT else
+                 "`vllm-guard stop` again" if sig is None else "a second stop signal")
+        self._stop_asked = (time.monotonic(), again)
+        why = "asked over the status endpoint" if sig is None else f"{signal.Signals(sig).name}"
+        if self._vllm_running():
+            log.warning(f"stopping vLLM (up to {self.cfg.stop_grace:g} s; {again} to kill now) [{why}]")
+        else:
+            log.info(f"stopping [{why}]")
+        self._refresh(force=True)
+
+    def _on_line(self, line: bytes, stream: str) -> None:
+        self.output.line(line, stream)
+        self.report.vllm_line(line)
+
     def _on_state(self, state: State, why: str) -> None:
         log.debug("state", state=state.value, why=why)
-        self.notifier.status(f"{state.value}: {why}" if why else state.value)
         self.report.metrics.set_state(state.value)
+        self._tell_systemd(state.value, force=True)
 
     def _on_healthy(self, seconds: float) -> None:
         s, w, gpus = self.session, self._watcher, self.gpus
@@ -310,14 +350,12 @@ class Guard:
         healthy = s.healthy(w.classifier.numbers, seconds)
         self.report.healthy(s, seconds, w.classifier.numbers)
         if healthy.learn is not None and self._keys is not None:
-            try:
-                store, meta = statedir.LearnedStore(self.state_dir), {"model": self.cfg.model,
-                                                                       "vllm_version": s.vllm_version}
-                store.put(self._keys.flags, list(healthy.learn), {**meta, "reasons": dict(healthy.reasons)})
-                if healthy.measured is not None:
-                    store.put(self._keys.measured, [], {**meta, "measured": healthy.measured.to_dict()})
-            except (OSError, statedir.StateError) as e:
-                log.warning(f"could not store the learned flags: {e}")
+            # Best effort (a full disk is one warning): the store is an optimisation for the next start.
+            store = learned.LearnedStore(self.state_dir)
+            meta = {"model": self.cfg.model, "vllm_version": s.vllm_version}
+            store.put(self._keys.flags, healthy.learn, healthy.reasons, meta)
+            if healthy.measured is not None:
+                store.put_measured(self._keys.measured, healthy.measured.to_dict(), meta)
 
     async def _watchdog(self) -> None:
         """WATCHDOG=1 from the loop itself: a wedged loop stops pinging and systemd restarts us."""
@@ -325,20 +363,45 @@ class Guard:
         while True:
             now = time.monotonic()
             self._heartbeat = now
-            self._refresh_live()
+            self._refresh()
             interval = self.notifier.watchdog_interval()
             if interval and now >= next_ping:
                 self.notifier.watchdog()
                 next_ping = now + interval
             await asyncio.sleep(min(interval or 1.0, 1.0))
 
-    def _refresh_live(self) -> None:
-        if self.live is None or self.session is None:
+    def _refresh(self, force: bool = False) -> None:
+        """Once a second: the live line and systemd's STATUS= follow the launch's progress."""
+        if self.session is None:
             return
-        s, w, record = self.session, self._watcher, self.report.history.current
-        started = record["started_at"] if record else time.time()
-        self.live.update(render(max(1, s.launches), w.classifier.phase if w else "launching", self.live.progress,
-                                {k: v.value or "" for k, v in s.notes.items()}, time.time() - started, s.state.value))
+        s = self.session
+        progress = self.progress.to_dict(time.time()) if self.progress is not None else None
+        if self.live is not None:
+            stopping = ""
+            if self._stop_asked is not None:
+                since, again = self._stop_asked
+                stopping = (f"stopping vLLM, {seconds_text(time.monotonic() - since)} of up to "
+                            f"{self.cfg.stop_grace:g} s ({again} to kill now)"
+                            if self._vllm_running() and not self._hurry.is_set() else "stopping")
+            self.live.update(render(s.state.value, progress, {k: v.value or "" for k, v in s.notes.items()},
+                                    stopping=stopping), force=force)
+        self._tell_systemd(s.state.value)
+
+    def _tell_systemd(self, state: str, force: bool = False) -> None:
+        """STATUS= with the phase, elapsed time, vLLM's URL and the last failure: on each change of state or
+        phase, and every 5 s while a launch starts (the elapsed time)."""
+        if not self.notifier.enabled:
+            return
+        progress = self.progress.to_dict(time.time()) if self.progress is not None else None
+        text = summary(state, progress, self.report.url(), last_failure(self.report.history.records),
+                       (self.report.context or {}).get("served"))
+        told, at = self._told
+        def head(t: str) -> list[str]:       # the state and phase, without the seconds
+            return t.split(", ", 2)[:2]
+
+        if text != told and (force or head(text) != head(told) or time.monotonic() - at >= 5.0):
+            self.notifier.status(text)
+            self._told = (text, time.monotonic())
 
     # -- what the status endpoint serves ------------------------------------------------------
     def alive(self) -> bool:
@@ -350,7 +413,8 @@ class Guard:
 
     def snapshot(self) -> dict[str, Any]:
         return self.report.status(self.session, pid=self.child.pid if self.child is not None else None,
-                                  gpus=self.gpus.snapshot if self.gpus else [], exit_reason=self.exit_reason)
+                                  gpus=self.gpus.snapshot if self.gpus else [], exit_reason=self.exit_reason,
+                                  numbers=self._watcher.classifier.numbers if self._watcher is not None else {})
 
 
 async def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from supervisor.config import GuardConfig
 from supervisor.core import exits
 from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.progress import Progress
 from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
 from supervisor.shell import procs
 from supervisor.shell.child import Child
@@ -53,7 +55,7 @@ class LaunchTimers:
     engine_watch_interval: float = 1.0
 
     @classmethod
-    def of(cls, cfg: GuardConfig) -> "LaunchTimers":
+    def of(cls, cfg: GuardConfig) -> LaunchTimers:
         return cls(cfg.startup_timeout, cfg.stall_timeout, cfg.collect_after_fatal, cfg.health.interval,
                    cfg.health.failures, cfg.stop_grace)
 
@@ -62,7 +64,7 @@ class LaunchTimers:
 class LaunchHooks:
     """Callbacks into the guard (all synchronous, cheap)."""
 
-    on_line: Callable[[bytes, str], None] = lambda line, stream: None
+    on_line: Callable[[bytes, str], object] = lambda line, stream: None
     on_healthy: Callable[[float], None] = lambda seconds: None
     on_probe: Callable[[ProbeResult], None] = lambda r: None
     on_unhealthy: Callable[[str], None] = lambda why: None
@@ -75,7 +77,7 @@ class Watcher:
     prober: Prober
     timers: LaunchTimers
     hooks: LaunchHooks
-    control: "asyncio.Queue[tuple[str, dict[str, Any]]]"
+    control: asyncio.Queue[tuple[str, dict[str, Any]]]
     classifier: Classifier = field(default_factory=Classifier)
     first_fatal: Diagnosis | None = None
     fatal_at: float | None = None
@@ -83,6 +85,15 @@ class Watcher:
     bounds: Bounds | None = None
     hurry: threading.Event | None = None    # set by a second stop request: SIGKILL without the grace
     clean: Callable[[bytes], bytes] | None = None   # masks secrets in each line
+    progress: Progress | None = None        # where the launch is, in words (fed here, read by the guard)
+
+    def __post_init__(self) -> None:
+        self._grace_phase: str | None = None
+        self._nudge = asyncio.Event()
+        self._ready_hint = False
+        self._lost: list[int] = []
+        self._probed_fatal = False
+        self._own_fatal: Diagnosis | None = None
 
     def line(self, line: bytes, stream: str) -> None:
         self.last_output = time.monotonic()
@@ -90,6 +101,8 @@ class Watcher:
             line = self.clean(line)       # secrets out before anything keeps or shows the line
         self.hooks.on_line(line, stream)
         d = self.classifier.feed(line)
+        if self.progress is not None:
+            self.progress.line(line, self.classifier.phase)
         if d is not None and self.first_fatal is None:
             self.first_fatal = d
             # A failure vLLM only warns about and then waits on (a Ray placement group short of
@@ -116,14 +129,6 @@ class Watcher:
         self.first_fatal = self._own_fatal = d
         self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
         self._nudge.set()
-
-    def __post_init__(self) -> None:
-        self._grace_phase: str | None = None
-        self._nudge = asyncio.Event()
-        self._ready_hint = False
-        self._lost: list[int] = []
-        self._probed_fatal = False
-        self._own_fatal: Diagnosis | None = None
 
     async def run(self) -> Outcome:
         t = self.timers
@@ -164,10 +169,14 @@ class Watcher:
                     r = probe_task.result()
                     probe_task = None
                     self.hooks.on_probe(r)
+                    if self.progress is not None:
+                        self.progress.probed(r.status is not None)
                     if r.ok:
                         if healthy_at is None:
                             healthy_at = time.monotonic()
                             self.child.remember_tree()
+                            if self.progress is not None:
+                                self.progress.healthy(healthy_at - started)
                             self.hooks.on_healthy(healthy_at - started)
                         elif failures:
                             self.hooks.on_recovered()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -24,7 +25,7 @@ _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critic
 
 def redact_event(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     """structlog processor: mask secret fields and secret values in every event."""
-    return REGISTRY.obj(event)
+    return cast(dict[str, Any], REGISTRY.obj(event))
 
 
 def _journald_prefix(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     if journal:
         processors.append(_journald_prefix)
     renderer: Any = (structlog.processors.JSONRenderer(sort_keys=False) if as_json
-                     else structlog.dev.ConsoleRenderer(colors=_isatty(stream)))
+                     else structlog.dev.ConsoleRenderer(colors=_isatty(stream) and not os.environ.get("NO_COLOR")))
     processors.append(_PriorityRenderer(renderer) if journal else renderer)
 
     out = _Tolerant(stream)
@@ -134,7 +135,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     for handler in list(root.handlers):
         if getattr(handler, "_vllm_guard", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(out)  # type: ignore[arg-type]
+    handler = logging.StreamHandler(out)
     handler._vllm_guard = True  # type: ignore[attr-defined]
     handler.setFormatter(_MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)

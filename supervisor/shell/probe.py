@@ -83,7 +83,9 @@ class Prober:
         try:
             r = await self._client.post(path, json=body)
         except httpx.ConnectError as e:
-            return ProbeResult(False, time.monotonic() - t0, refused=True, error=str(e) or "refused",
+            # vLLM listens only once it is ready: during a start-up this is its normal state, not a failure
+            return ProbeResult(False, time.monotonic() - t0, refused=True,
+                               error=f"nothing listens on {self.base} ({e or 'connection refused'})",
                                endpoint=self.endpoint), None
         except httpx.TimeoutException:
             return ProbeResult(False, time.monotonic() - t0, error=f"no answer in {self.timeout:g} s",

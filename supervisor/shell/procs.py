@@ -22,10 +22,11 @@ from typing import Any
 
 import psutil
 
+from supervisor.errors import StateError
 from supervisor.secrets import NOT_FOR_VLLM, REGISTRY
 from supervisor.shell import signalling
 from supervisor.shell.signalling import Proc
-from supervisor.shell.statedir import StateError, ensure_dir, read_json, set_aside, write_json
+from supervisor.shell.statefiles import FAULTS, ensure_dir, read_json, remove, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
 LAUNCH_FILE = "launch.json"
@@ -62,8 +63,8 @@ def _launch_path(state_dir: str) -> Path:
 
 
 def record_launch(state_dir: str, leader: Proc, pgid: int) -> None:
-    """Atomically write ``launch.json``: the leader's identity (pid, start, boot), pgid, started_at, marker."""
-    ensure_dir(state_dir)
+    """Atomically write ``launch.json``: the leader's identity (pid, start, boot), pgid, started_at, marker
+    (best effort: a disk that refuses it is a warning; the marker still finds the launch's processes)."""
     marker = f"{state_id(state_dir)}:"
     with contextlib.suppress(psutil.Error, AttributeError):
         marker = leader.psutil().environ().get(MARKER, marker)  # type: ignore[union-attr]
@@ -75,12 +76,21 @@ def record_launch(state_dir: str, leader: Proc, pgid: int) -> None:
         "guard_pid": os.getpid(),
         "tree": [],
     }
-    write_json(_launch_path(state_dir), record, 0o600)
+    _write_record(state_dir, record)
+
+
+def _write_record(state_dir: str, record: dict[str, Any]) -> None:
+    path = _launch_path(state_dir)
+
+    def write() -> None:
+        ensure_dir(state_dir)
+        write_json(path, record, 0o600)
+    FAULTS.attempt(path, write)
 
 
 def note_tree(state_dir: str, procs: Iterable[Proc]) -> None:
     """Add processes (e.g. a :func:`~supervisor.shell.signalling.snapshot_tree` once healthy) to
-    ``launch.json`` by identity."""
+    ``launch.json`` by identity (best effort, as :func:`record_launch`)."""
     record = _read_record(state_dir)
     if record is None:
         return
@@ -90,7 +100,7 @@ def note_tree(state_dir: str, procs: Iterable[Proc]) -> None:
         if (p.pid, p.start) not in known:
             tree.append(p.record())
     record["tree"] = tree
-    write_json(_launch_path(state_dir), record, 0o600)
+    _write_record(state_dir, record)
 
 
 def _read_record(state_dir: str) -> dict[str, Any] | None:
@@ -99,11 +109,12 @@ def _read_record(state_dir: str) -> dict[str, Any] | None:
     path = _launch_path(state_dir)
     try:
         record = read_json(path)
+        if record is not None and not isinstance(record, dict):
+            set_aside(path, f"{path} holds {type(record).__name__}, not a launch record")
+            return None
     except StateError as e:
-        set_aside(path, str(e))
-        return None
-    if record is not None and not isinstance(record, dict):
-        set_aside(path, f"{path} holds {type(record).__name__}, not a launch record")
+        with contextlib.suppress(StateError):
+            set_aside(path, str(e))
         return None
     return record
 
@@ -114,9 +125,9 @@ def _tree(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def clear_launch(state_dir: str) -> None:
-    """Remove ``launch.json`` (the launch ended and all of its processes with it)."""
-    with contextlib.suppress(FileNotFoundError):
-        _launch_path(state_dir).unlink()
+    """Remove ``launch.json`` (the launch ended and all of its processes with it; best effort)."""
+    path = _launch_path(state_dir)
+    FAULTS.attempt(path, lambda: remove(path), proves=False)
 
 
 # --- finding processes ----------------------------------------------------------------------

@@ -8,25 +8,32 @@ history record, the metric and the webhook's text never disagree.
 
 from __future__ import annotations
 
+import collections
 import os
 import shlex
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
 from supervisor.config import GuardConfig
+from supervisor.core import picture, vllm
 from supervisor.core.exits import describe
 from supervisor.core.flags import UTILIZATION, Flags
 from supervisor.core.lifecycle import State
+from supervisor.core.progress import Progress, last_failure, probe_text, summary
 from supervisor.core.session import DIED, FAILED, End, FlagNote, Launch, Outcome, Session
 from supervisor.secrets import REGISTRY
 from supervisor.shell.history import History, run_id
 from supervisor.shell.metrics import Metrics
-from supervisor.shell.probe import ProbeResult
+from supervisor.shell.probe import ProbeResult, probe_host
 from supervisor.shell.webhook import Webhook
 
 log = structlog.get_logger("vllm-guard")
+
+RECENT_LINES = 200          # vLLM's last lines kept in memory for /status and the page
+RECENT_LINE_CHARS = 2000
 
 
 def _notes(notes: dict[str, FlagNote]) -> dict[str, dict[str, Any]]:
@@ -51,6 +58,9 @@ class Report:
         self.backoff_until: float | None = None
         self.last_probe: ProbeResult | None = None
         self.last_probe_at: float | None = None
+        self.progress: Progress | None = None      # the current launch's (the guard sets it per launch)
+        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_LINES)
+        self._plan_picture: tuple[tuple[str, ...], dict[str, Any] | None] | None = None
         gave_up = self.history.last_gave_up()
         if gave_up:
             self.metrics.gave_up(gave_up)
@@ -98,7 +108,7 @@ class Report:
         else:
             parts = [_change(c.flag, c.old, c.new) for c in step.changes]
             text = f"{parts[0]} because {step.why}" if len(parts) == 1 else "; ".join(
-                f"{p} ({c.why})" for p, c in zip(parts, step.changes))
+                f"{p} ({c.why})" for p, c in zip(parts, step.changes, strict=True))
             log.warning(f"relaunch {n}: {text}", launch=n, kind=step.reason, changed=[c.flag for c in step.changes])
 
     def healthy(self, s: Session, seconds: float, numbers: dict[str, Any]) -> None:
@@ -129,24 +139,46 @@ class Report:
         self.webhook.event("gave_up", msg, kind=kind, exit_code=end.exit_code)
         return msg
 
+    def vllm_line(self, line: bytes) -> None:
+        """One (masked) line of vLLM's output, kept for /status and the page."""
+        self.recent.append(line.decode("utf-8", "replace")[:RECENT_LINE_CHARS])
+
     def probe(self, r: ProbeResult) -> None:
         self.last_probe, self.last_probe_at = r, time.time()
         if not r.refused:
             self.metrics.probe(r.ok, r.latency)
 
     # -- the status document ----------------------------------------------------------------------
-    def status(self, s: Session | None, *, pid: int | None, gpus: list[Any], exit_reason: str) -> dict[str, Any]:
+    def url(self) -> str:
+        """Where vLLM answers (its OpenAI API), as a client on this host reaches it."""
+        host, port = self.cfg.endpoint()
+        return f"http://{probe_host(host)}:{port}"
+
+    def status(self, s: Session | None, *, pid: int | None, gpus: list[Any], exit_reason: str,
+               numbers: Mapping[str, Any] | None = None, recent: int = 60) -> dict[str, Any]:
         """The ``GET /status`` document (secrets redacted by the server and here)."""
         cfg, now = self.cfg, time.time()
         current: Flags = s.current if s is not None else cfg.requested_flags()
         host, port = cfg.endpoint()
+        state = s.state.value if s is not None else State.PLANNING.value
+        progress = self.progress.to_dict(now) if self.progress is not None else None
+        failure = last_failure(self.history.records)
+        url = self.url()
+        last_probe = None
+        if self.last_probe is not None:
+            last_probe = {**self.last_probe.to_dict(), "at": self.last_probe_at,
+                          "text": probe_text(self.last_probe.to_dict(), state,
+                                             progress["elapsed_s"] if progress else None)}
         return {
-            "state": s.state.value if s is not None else State.PLANNING.value,
+            "state": state,
+            "summary": summary(state, progress, url, failure, (self.context or {}).get("served")),
             "model": cfg.model,
             "served_model_name": current.get("--served-model-name") or cfg.model,
             "pid": pid,
             "guard_pid": os.getpid(),
-            "vllm": {"host": host, "port": port, "version": s.vllm_version if s else None},
+            "vllm": {"host": host, "port": port, "version": s.vllm_version if s else None, "url": url},
+            "progress": progress,
+            "last_failure": failure,
             "argv": REGISTRY.argv(cfg.launch_argv(current)),
             "requested_args": REGISTRY.argv(list(cfg.vllm_args)),
             "changed_flags": _notes(s.notes) if s is not None else {},
@@ -154,13 +186,32 @@ class Report:
             "launches": [dict(r) for r in self.history.records],
             "restarts": s.restarts if s else 0,
             "crash_loop": {**(s.crash_loop() if s else {}), "backoff_until": self.backoff_until},
-            "last_probe": None if self.last_probe is None else {**self.last_probe.to_dict(), "at": self.last_probe_at},
+            "last_probe": last_probe,
             "uptime_s": round(now - self.started_wall, 1),
             "healthy_for_s": round(now - self.healthy_since, 1) if self.healthy_since else None,
             "context": context_text(self.context) if self.context else None,
+            "memory": self.memory(s, numbers or {}),
             "gpu": gpus,
+            "recent_output": list(self.recent)[-recent:] if recent > 0 else [],
             "exit_reason": exit_reason or None,
         }
+
+    def memory(self, s: Session | None, numbers: Mapping[str, Any]) -> dict[str, Any]:
+        """One rank's GPU memory: as the plan expected it at the current flags, and as vLLM printed it."""
+        if s is None or s.facts.platform == "cpu":
+            return {"plan": None, "vllm": None}
+        key = tuple(s.current.argv())
+        if self._plan_picture is None or self._plan_picture[0] != key:
+            try:
+                drawn = picture.planned(s.sizing, s.current, total_gib=s.facts.total_gib, free_gib=s.facts.free_gib,
+                                        served_len=(self.context or {}).get("served"))
+            except Exception:      # the picture is for people; a gap in it must not take /status down
+                log.debug("plan picture failed", exc_info=True)
+                drawn = None
+            self._plan_picture = (key, drawn)
+        util = s.current.get_float(UTILIZATION) or vllm.default_utilization(s.vllm_version)
+        return {"plan": self._plan_picture[1],
+                "vllm": picture.printed(numbers, total_gib=s.facts.total_gib, utilization=util)}
 
 
 def context_text(context: dict[str, int | None]) -> dict[str, Any]:

@@ -33,11 +33,13 @@ import ctypes
 import errno
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -115,13 +117,13 @@ class Proc:
     boot: str = ""          # the boot it was read in ("" where unknown)
 
     @classmethod
-    def live(cls, pid: int) -> "Proc | None":
+    def live(cls, pid: int) -> Proc | None:
         """The process that has ``pid`` now (a zombie included), or None."""
         st = _stat(pid) if isinstance(pid, int) and not isinstance(pid, bool) else None
         return None if st is None else cls(pid, st.start, boot_id())
 
     @classmethod
-    def recorded(cls, pid: object, start: object, boot: object = None) -> "Proc | None":
+    def recorded(cls, pid: object, start: object, boot: object = None) -> Proc | None:
         """A record's process (``launch.json``) if it is still running as that very process, else None."""
         if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(start, (int, float)) \
                 or isinstance(start, bool):
@@ -284,6 +286,13 @@ def snapshot_tree(root: Proc) -> list[Proc]:
 def lost(procs: Iterable[Proc]) -> list[int]:
     """Pids of ``procs`` that are gone: exited (a zombie included) or replaced by another process."""
     return [p.pid for p in procs if not p.is_alive()]
+
+
+def kill_child(popen: subprocess.Popen[Any]) -> None:
+    """SIGKILL a child this process started with ``subprocess`` and has not reaped (so its pid is
+    still its own), e.g. a helper that ran past its time."""
+    if popen.poll() is None and (proc := Proc.live(popen.pid)) is not None:
+        send(proc, signal.SIGKILL)
 
 
 def pid_alive(pid: int) -> bool:

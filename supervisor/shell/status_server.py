@@ -1,4 +1,4 @@
-"""The guard's HTTP status endpoint: /status, /healthz, /ready, /metrics, POST /restart and /stop.
+"""The guard's HTTP status endpoint: the page at /, /status, /healthz, /ready, /metrics, POST /restart and /stop.
 
 An asyncio server in the guard's own loop; HTTP/1.1 is parsed by ``h11`` (the parser httpx's
 transport uses, already installed with it), so no HTTP is hand-parsed here. Why not a thread per
@@ -13,6 +13,10 @@ What keeps /healthz answering under slow or many clients:
 * past ``max_connections`` the oldest connection still sending its request is dropped to make room
   for the new one, so nobody holds a slot for its lifetime;
 * every response closes its connection; heads are bounded (16 KiB) and bodies refused past 64 KiB.
+
+Bound to a loopback address, it answers only requests whose ``Host`` is that address or
+``localhost`` (with this port, or none): a page elsewhere that points its own name at 127.0.0.1
+(DNS rebinding) reads nothing and sends nothing (421). The routes are one table of :class:`Route`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import asyncio
 import contextlib
 import errno
 import json
-from http import HTTPStatus
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -32,7 +38,7 @@ import structlog
 
 from supervisor import __version__
 from supervisor.secrets import REGISTRY
-from supervisor.shell import auth
+from supervisor.shell import auth, status_page
 from supervisor.shell.metrics import Metrics
 
 log = structlog.get_logger("vllm_guard.status")
@@ -42,8 +48,7 @@ MAX_BODY = 64 * 1024           # POST bodies are read and ignored; anything larg
 REQUEST_TIMEOUT = 5.0          # the whole request must arrive within this
 MAX_CONNECTIONS = 256          # more: the oldest connection still sending its request is dropped
 
-_GET_ROUTES = ("/status", "/healthz", "/ready", "/metrics")
-_POST_ROUTES = ("/restart", "/stop")
+Reply = tuple[int, bytes, str, dict[str, str]]
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -60,11 +65,21 @@ class _Reply(Exception):
         self.status, self.body, self.headers = status, body, headers or {}
 
 
+@dataclass(frozen=True)
+class Route:
+    """One route: ``handler(request, target)`` answers it; ``token``: only with the bearer token."""
+
+    method: str
+    path: str
+    handler: Callable[[h11.Request, str], Reply]
+    token: bool = False
+
+
 class StatusServer:
     """The status endpoint; ``await start()`` binds (port 0: ephemeral, see ``.port``), ``await stop()`` closes."""
 
-    def __init__(self, host: str, port: int, token: str, snapshot: Callable[[], dict],
-                 command: Callable[[str, dict], None], metrics: Metrics, ready: Callable[[], bool], *,
+    def __init__(self, host: str, port: int, token: str, snapshot: Callable[[], dict[str, Any]],
+                 command: Callable[[str, dict[str, Any]], None], metrics: Metrics, ready: Callable[[], bool], *,
                  request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
                  alive: Callable[[], bool] | None = None) -> None:
         if not token:
@@ -78,6 +93,15 @@ class StatusServer:
         self._reading: dict[asyncio.Task[None], float] = {}   # connections still sending: task -> start
         self._tasks: set[asyncio.Task[None]] = set()
         REGISTRY.add(token)
+        self.routes: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in (
+            Route("GET", "/", self._page),
+            Route("GET", "/status", self._status),
+            Route("GET", "/healthz", self._healthz),
+            Route("GET", "/ready", self._ready),
+            Route("GET", "/metrics", self._metrics),
+            Route("POST", "/restart", self._restart, token=True),
+            Route("POST", "/stop", self._stop, token=True),
+        )}
 
     @property
     def url(self) -> str:
@@ -201,57 +225,92 @@ class StatusServer:
             await writer.drain()
 
     # -- routes -------------------------------------------------------------------------------------
-    def _respond(self, request: h11.Request, body: bytes) -> tuple[int, bytes, str, dict[str, str]]:
+    def _respond(self, request: h11.Request, body: bytes) -> Reply:
         method = request.method.decode("ascii", "replace").upper()
         target = request.target.decode("ascii", "replace")
         path = urlsplit(target).path.rstrip("/") or "/"
-        if method in ("GET", "HEAD"):
-            if path not in _GET_ROUTES:
-                if path in _POST_ROUTES:
-                    return _answer(405, {"error": f"no {method} {path}"}, {"Allow": "POST"})
-                return _answer(404, {"error": f"no {method} {path}", "endpoints": list(_GET_ROUTES + _POST_ROUTES)})
-            return self._get(path)
-        if method == "POST":
-            if path not in _POST_ROUTES:
-                if path in _GET_ROUTES:
-                    return _answer(405, {"error": f"no POST {path}"}, {"Allow": "GET, HEAD"})
-                return _answer(404, {"error": f"no POST {path}"})
-            return self._post(path, target, request)
-        allow = "POST" if path in _POST_ROUTES else "GET, HEAD"
-        return _answer(405, {"error": f"method {method} not allowed"}, {"Allow": allow})
+        refused = self._misdirected(request)
+        if refused:
+            return _answer(421, {"error": refused})
+        route = self.routes.get(("GET" if method == "HEAD" else method, path))
+        if route is None:
+            allowed = sorted({m for m, p in self.routes if p == path})
+            if not allowed:
+                return _answer(404, {"error": f"no {method} {path}", "endpoints": sorted({p for _, p in self.routes})})
+            allow = "GET, HEAD" if allowed == ["GET"] else ", ".join(allowed)
+            return _answer(405, {"error": f"no {method} {path}"}, {"Allow": allow})
+        if route.token:
+            denied = self._check_token(request)
+            if denied is not None:
+                return denied
+        return route.handler(request, target)
 
-    def _get(self, path: str) -> tuple[int, bytes, str, dict[str, str]]:
-        if path == "/healthz":
-            alive = self.alive is None or _safe(self.alive, False)
-            return (200 if alive else 503), (b"ok\n" if alive else b"guard loop stalled\n"), "text/plain; charset=utf-8", {}
-        if path == "/ready":
-            ready = _safe(self.ready, False)
-            return (200 if ready else 503), (b"ready\n" if ready else b"not ready\n"), "text/plain; charset=utf-8", {}
-        if path == "/metrics":
-            body, ctype = self.metrics.render()
-            return 200, body, ctype, {}
-        try:
-            snap = REGISTRY.obj(self.snapshot(), (self.token,))
-            return 200, json.dumps(snap, indent=2, default=str).encode() + b"\n", "application/json", {}
-        except Exception as exc:  # a guard bug must not take the endpoint down
-            log.exception("status snapshot failed")
-            return _answer(500, {"error": f"snapshot failed: {type(exc).__name__}"})
+    def _misdirected(self, request: h11.Request) -> str:
+        """Why a request on a loopback bind is refused: its Host names neither this address nor
+        localhost (a page that rebound its own name to 127.0.0.1); "" when it is fine."""
+        if not auth.is_loopback(self.host):
+            return ""
+        raw = next((v for k, v in request.headers if k.lower() == b"host"), None)
+        if raw is None:              # HTTP/1.0 without Host: no browser sends that
+            return ""
+        host = raw.decode("latin-1").strip()
+        if _host_allowed(host, self.host, self.port):
+            return ""
+        here = self.url.removeprefix("http://")
+        return (f"Host {host[:100]!r} is not this endpoint's address; open http://localhost:{self.port}/ "
+                f"or http://{here}/")
 
-    def _post(self, path: str, target: str, request: h11.Request) -> tuple[int, bytes, str, dict[str, str]]:
+    def _check_token(self, request: h11.Request) -> Reply | None:
         header = next((v for k, v in request.headers if k.lower() == b"authorization"), None)
         code = auth.check_token(None if header is None else header.decode("latin-1"), self.token)
         if code == 401:
             return _answer(401, {"error": "missing bearer token"}, {"WWW-Authenticate": "Bearer"})
         if code == 403:
             return _answer(403, {"error": "wrong token"})
-        params: dict[str, Any] = {}
-        if path == "/restart":
-            query = parse_qs(urlsplit(target).query, keep_blank_values=True)
-            value = (query.get("reset") or [""])[-1].lower()
-            if value not in _TRUE + _FALSE:
-                return _answer(400, {"error": f"reset must be 0 or 1, not {value!r}"})
-            params["reset"] = value in _TRUE
-        name = path.lstrip("/")
+        return None
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The guard's snapshot, redacted once (the token too) for every route that shows it."""
+        return cast(dict[str, Any], REGISTRY.obj(self.snapshot(), (self.token,)))
+
+    def _page(self, request: h11.Request, target: str) -> Reply:
+        try:
+            page = status_page.render_page(self._snapshot())
+        except Exception as exc:  # a guard bug must not take the endpoint down
+            log.exception("status page failed")
+            return _answer(500, {"error": f"page failed: {type(exc).__name__}"})
+        return 200, page, status_page.CONTENT_TYPE, dict(status_page.PAGE_HEADERS)
+
+    def _status(self, request: h11.Request, target: str) -> Reply:
+        try:
+            return 200, json.dumps(self._snapshot(), indent=2, default=str).encode() + b"\n", "application/json", {}
+        except Exception as exc:  # a guard bug must not take the endpoint down
+            log.exception("status snapshot failed")
+            return _answer(500, {"error": f"snapshot failed: {type(exc).__name__}"})
+
+    def _healthz(self, request: h11.Request, target: str) -> Reply:
+        alive = self.alive is None or _safe(self.alive, False)
+        return (200 if alive else 503), (b"ok\n" if alive else b"guard loop stalled\n"), "text/plain; charset=utf-8", {}
+
+    def _ready(self, request: h11.Request, target: str) -> Reply:
+        ready = _safe(self.ready, False)
+        return (200 if ready else 503), (b"ready\n" if ready else b"not ready\n"), "text/plain; charset=utf-8", {}
+
+    def _metrics(self, request: h11.Request, target: str) -> Reply:
+        body, ctype = self.metrics.render()
+        return 200, body, ctype, {}
+
+    def _restart(self, request: h11.Request, target: str) -> Reply:
+        query = parse_qs(urlsplit(target).query, keep_blank_values=True)
+        value = (query.get("reset") or [""])[-1].lower()
+        if value not in _TRUE + _FALSE:
+            return _answer(400, {"error": f"reset must be 0 or 1, not {value!r}"})
+        return self._order("restart", {"reset": value in _TRUE})
+
+    def _stop(self, request: h11.Request, target: str) -> Reply:
+        return self._order("stop", {})
+
+    def _order(self, name: str, params: dict[str, Any]) -> Reply:
         try:
             self.command(name, params)
         except Exception as exc:  # the guard refused (shutting down): say so, keep serving
@@ -259,6 +318,26 @@ class StatusServer:
             return _answer(503, {"error": f"{name} not accepted: {exc}"})
         log.info("status command", command=name, **params)
         return _answer(202, {"accepted": name, **params})
+
+
+def _host_allowed(host: str, bound: str, port: int) -> bool:
+    """Whether a ``Host`` header names the bound address or localhost, with this port or none."""
+    host = host.lower()
+    if host.startswith("["):
+        inner, close, rest = host[1:].partition("]")
+        if not close or (rest and not rest.startswith(":")):
+            return False
+        name, given = f"[{inner}]", (rest[1:] if rest else None)
+    else:
+        head, colon, tail = host.rpartition(":")
+        name, given = (head, tail) if colon else (host, None)
+    if given is not None and given != str(port):
+        return False
+    bound = bound.lower().strip("[]")
+    names = {"localhost", f"[{bound}]" if ":" in bound else bound}
+    if bound == "localhost":         # bound by name: the addresses that name binds
+        names |= {"127.0.0.1", "[::1]"}
+    return name in names
 
 
 def _json(obj: Any) -> bytes:

@@ -21,7 +21,8 @@ import asyncio
 import contextlib
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import structlog
@@ -89,7 +90,7 @@ class Webhook:
     async def _attempt(self, client: httpx.AsyncClient, payload: dict[str, Any]) -> None:
         try:
             await asyncio.wait_for(self._post(client, payload), self._deadline)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise httpx.TimeoutException(f"no complete answer within {self._deadline:g} s") from None
 
     async def _drain(self) -> None:

@@ -5,30 +5,40 @@ free-memory check, weights, the profile's activation peak, non-torch memory, the
 fit check, V0's allocation of the cache in what other processes leave, and CUDA-graph capture,
 each with the per-version rules of vLLM's source (``docs/memory-model.md``).
 
-Its terms are written here on their own (not imported from the plan) and calibrated to the real
-start-ups of ``benchmarks/calibration`` (``benchmarks/REPORT.md``, "Accuracy"):
+Its terms are written here on their own (not imported from the plan), and its calibrated figures
+are read from the calibration records (``benchmarks/calibration/records.tsv``: what vLLM printed on
+real start-ups), not copied from the plan's constants, so that an error in the plan's figures is an
+error here only if vLLM printed it:
 
 * activation: the larger of the dummy forward's MLP peak and the dummy sampler's logits over
   ``min(max_num_seqs, max_num_batched_tokens)`` rows at the version's bytes per element (38 for a
-  sort, 40 in V0 <= 0.6.2, 14 for the in-place/FlashInfer samplers from 0.17), plus 0.04 GiB --
-  within 0.04 GiB of the printed figure on the start-ups that print it;
-* non-torch: 0.13 GiB per rank, more under TP/PP (0.41 GiB on datacenter GPUs, 0.12 on consumer
-  cards, NCCL's init buffers before 0.11); the global-cap versions (0.6.4, V1 0.8-0.9.0) also count
-  the CUDA context (0.45 / 0.25 GiB) and other processes.
+  sort, 40 in V0 <= 0.6.2, 14 for the in-place/FlashInfer samplers from 0.17), plus a fixed part:
+  the median of what the dense V1 start-ups printed above that peak (records 3-9, 0.034-0.036 GiB);
+* non-torch: the median printed at TP = PP = 1 (0.13 GiB); under TP the median of what the TP 2
+  start-ups printed above it (H100: 0.41-0.42 GiB; an RTX 4090: 0.12 GiB); the global-cap versions
+  (0.6.4, V1 0.8-0.9.0) also count the CUDA context: on a consumer card what the RTX 3090 start-ups
+  printed above the base (0.22 GiB).
 
-Not calibrated, stated as such: the CUDA-graph memory (``cudagraph_gib``, a flat 0.5 GiB by
-default: no calibration start-up prints a usable figure), the CUDA context outside the global-cap
-versions (``context_gib``, 0.4 GiB), and the weights, which the caller gives (the benchmark takes
-the checkpoint's size from its index plus the rotary cache, as vLLM loads them).
-No I/O; stdlib only, so the fake server can import it as a plain script neighbour.
+Not calibrated, stated as such (no record prints them): the CUDA-graph memory (``cudagraph_gib``, a
+flat 0.5 GiB by default), the CUDA context outside the global-cap versions (``context_gib``, 0.4
+GiB), a datacenter GPU's counted context (0.45 GiB), NCCL's init buffers under TP before 0.11 (0.15
+GiB), 0.05 GiB more per rank beyond 2, and the weights, which the caller gives (the benchmark takes
+the checkpoint's size from its index plus the rotary cache, as vLLM loads them; the fake's
+Llama-3.1-8B takes what vLLM printed for it, :func:`printed`).
+Stdlib only, so the fake server can import it as a plain script neighbour; the only file it reads
+is the calibration records, once, at import.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import re
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from pathlib import Path
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -126,13 +136,56 @@ def engine_generation(version: str, flags: Mapping[str, str], gpu: GpuSpec,
     return "v1"
 
 
-#: Calibrated against the real start-ups (see the module docstring); GiB.
-ACT_FIXED_GIB = 0.04
-NON_TORCH_GIB = 0.13
-NON_TORCH_TP_GIB = {True: 0.41, False: 0.12}          # datacenter / consumer, TP or PP > 1
-NON_TORCH_PER_RANK_GIB = 0.05                          # each rank beyond 2
-NCCL_INIT_GIB = 0.15                                   # V0 and V1 < 0.11, datacenter
-COUNTED_CONTEXT_GIB = {True: 0.45, False: 0.25}        # the global-cap versions' CUDA context
+# -- the calibration records: what vLLM printed on real start-ups ------------------------------------
+CALIBRATION = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
+
+
+def _records() -> list[dict[str, str]]:
+    with open(CALIBRATION / "records.tsv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+RECORDS = _records()
+
+
+def printed(model_dir: str, field: str, version_from: tuple[int, int, int] = (0, 0, 0)) -> float:
+    """What vLLM printed for ``field`` (``obs_weights_gib``, ...) on the first record of that model."""
+    for r in RECORDS:
+        if r["model_dir"] == model_dir and r[field] and vtuple(r["vllm_version"]) >= version_from:
+            return float(r[field])
+    raise KeyError(f"no calibration record prints {field} for {model_dir}")
+
+
+def _num(r: dict[str, str], key: str) -> float | None:
+    return float(r[key]) if r.get(key) else None
+
+
+def _shape(r: dict[str, str]) -> tuple[int, int, int]:
+    """(vocab, hidden, intermediate) from the record's config.json (the text model's, for a VLM)."""
+    cfg = json.loads((CALIBRATION / "models" / r["model_dir"] / "config.json").read_text(encoding="utf-8"))
+    cfg = cfg.get("text_config", cfg)
+    return int(cfg["vocab_size"]), int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+
+
+def _non_torch(tp: int, *, consumer: bool) -> list[float]:
+    return [float(r["obs_non_torch_gib"]) for r in RECORDS
+            if int(r["tp"]) == tp and r["pp"] == "1" and r["obs_non_torch_gib"]
+            and ("RTX" in r["gpu"]) == consumer
+            and vtuple(r["vllm_version"]) >= ((0, 7, 0) if consumer else (0, 11, 0))]
+
+
+#: Non-torch memory one rank adds while profiling at TP = PP = 1 (median of the H100 0.11 records).
+NON_TORCH_GIB = statistics.median(_non_torch(1, consumer=False))
+#: ... more at TP 2: datacenter (H100 records) / consumer (the RTX 4090 record), above the base.
+NON_TORCH_TP_GIB = {True: statistics.median(x - NON_TORCH_GIB for x in _non_torch(2, consumer=False)),
+                    False: statistics.median(x - NON_TORCH_GIB for x in _non_torch(2, consumer=True))}
+NON_TORCH_PER_RANK_GIB = 0.05                          # each rank beyond 2 (a prior: no record has TP > 2)
+NCCL_INIT_GIB = 0.15                                   # V0 and V1 < 0.11, datacenter (a prior: no record)
+#: The global-cap versions' CUDA context counted as non-torch memory: on a consumer card what the RTX
+#: 3090 0.6.4 records printed above the base; on a datacenter GPU a prior (no record).
+COUNTED_CONTEXT_GIB = {True: 0.45, False: statistics.median(
+    float(r["obs_non_torch_gib"]) - NON_TORCH_GIB for r in RECORDS
+    if r["vllm_version"] == "0.6.4" and "RTX" in r["gpu"] and r["tp"] == "1")}
 
 
 def sampler_bytes_per_element(v: tuple[int, int, int], gen: str, rows: int) -> int:
@@ -147,6 +200,11 @@ def sampler_bytes_per_element(v: tuple[int, int, int], gen: str, rows: int) -> i
 
 def activation_peak_gib(model: ModelSpec, v: tuple[int, int, int], gen: str, mnbt: int, mns: int, tp: int) -> float:
     """The profile run's torch peak above the weights: max(dummy forward's MLP, dummy sampler) + fixed."""
+    return _activation_peak_gib(model, v, gen, mnbt, mns, tp) + ACT_FIXED_GIB
+
+
+def _activation_peak_gib(model: ModelSpec, v: tuple[int, int, int], gen: str, mnbt: int, mns: int, tp: int) -> float:
+    """max(the dummy forward's MLP, the dummy sampler), GiB."""
     rows = max(1, min(mns, mnbt))
     per_token = 3 * (model.intermediate // tp) + 3 * model.hidden
     if model.experts_per_token:
@@ -156,7 +214,29 @@ def activation_peak_gib(model: ModelSpec, v: tuple[int, int, int], gen: str, mnb
     forward = mnbt * per_token * 2
     hidden = 0 if gen == "v1" and v < (0, 9, 2) else mnbt * model.hidden * 2
     sampler = rows * model.vocab * sampler_bytes_per_element(v, gen, rows) + hidden + 4 * rows * model.hidden
-    return max(forward, sampler) / GIB + ACT_FIXED_GIB
+    return max(forward, sampler) / GIB
+
+
+def _activation_fixed_gib() -> float:
+    """What the dense V1 0.11 start-ups printed as activation above the peak modelled here (the
+    multimodal record profiles its vision encoder as well, and is left out)."""
+    above = []
+    for r in RECORDS:
+        if not r["class"].startswith("dense") or "multimodal" in r["class"] or r["vllm_version"] != "0.11.0" \
+                or not r["obs_activation_gib"]:
+            continue
+        vocab, hidden, inter = _shape(r)
+        big = float(r["gpu_total_gib"]) >= 70           # vLLM's defaults for a large GPU: 8192 tokens, 1024 seqs
+        mnbt = int(_num(r, "max_num_batched_tokens") or (8192 if big else 2048))
+        mns = int(_num(r, "max_num_seqs") or (1024 if big else 256))
+        spec = ModelSpec("record", 0.0, 0, 1, 1, vocab=vocab, hidden=hidden, intermediate=inter)
+        peak = _activation_peak_gib(spec, vtuple(r["vllm_version"]), "v1", mnbt, mns, int(r["tp"]))
+        above.append(float(r["obs_activation_gib"]) - peak)
+    return statistics.median(above)
+
+
+#: The profile run's torch allocations besides its forward and sampler tensors (GiB; see above).
+ACT_FIXED_GIB = _activation_fixed_gib()
 
 
 def non_torch_gib_for(v: tuple[int, int, int], gen: str, gpu: GpuSpec, world: int) -> float:

@@ -48,7 +48,8 @@ def _api_server(args: argparse.Namespace) -> None:
         cmd = [ENGINE_NAME, os.path.abspath(__file__), "--role", "engine"]
         if args.engine_ignore_term:
             cmd.append("--ignore-term")
-        engine = subprocess.Popen(cmd, executable=sys.executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        engine = subprocess.Popen(cmd, executable=sys.executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  text=True)
         if engine.stdout is None or engine.stdout.readline().strip() != "ready":
             sys.exit("engine did not start")
         pids.append(engine.pid)

@@ -25,7 +25,7 @@ _ZEROS = bytes(64 << 10)
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    server: "HostileServer._Server"
+    server: HostileServer._Server
 
     def handle(self) -> None:
         srv = self.server.owner
@@ -48,12 +48,12 @@ class _Handler(socketserver.BaseRequestHandler):
             with srv.lock:
                 srv.closed += 1
 
-    def _send(self, conn: socket.socket, srv: "HostileServer", data: bytes) -> None:
+    def _send(self, conn: socket.socket, srv: HostileServer, data: bytes) -> None:
         conn.sendall(data)
         with srv.lock:
             srv.sent += len(data)
 
-    def _ok(self, conn: socket.socket, srv: "HostileServer") -> None:
+    def _ok(self, conn: socket.socket, srv: HostileServer) -> None:
         head, _, body = self._head.partition(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n")[1:]:
@@ -69,7 +69,7 @@ class _Handler(socketserver.BaseRequestHandler):
             srv.bodies.append(body)
         self._send(conn, srv, b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
 
-    def _huge(self, conn: socket.socket, srv: "HostileServer") -> None:
+    def _huge(self, conn: socket.socket, srv: HostileServer) -> None:
         self._send(conn, srv, f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                               f"Content-Length: {HUGE}\r\n\r\n".encode())
         left = HUGE
@@ -78,19 +78,19 @@ class _Handler(socketserver.BaseRequestHandler):
             self._send(conn, srv, piece)
             left -= len(piece)
 
-    def _trickle(self, conn: socket.socket, srv: "HostileServer") -> None:
+    def _trickle(self, conn: socket.socket, srv: HostileServer) -> None:
         self._send(conn, srv, b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
         while not srv.stopping.wait(srv.interval):
             self._send(conn, srv, b"x")
 
-    def _trickle_head(self, conn: socket.socket, srv: "HostileServer") -> None:
+    def _trickle_head(self, conn: socket.socket, srv: HostileServer) -> None:
         head = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 100000
         for i in range(len(head)):
             if srv.stopping.wait(srv.interval if i else 0):
                 return
             self._send(conn, srv, head[i:i + 1])
 
-    def _silent(self, conn: socket.socket, srv: "HostileServer") -> None:
+    def _silent(self, conn: socket.socket, srv: HostileServer) -> None:
         while not srv.stopping.wait(0.1):
             pass
 
@@ -101,7 +101,7 @@ class HostileServer:
     class _Server(socketserver.ThreadingTCPServer):
         daemon_threads = True
         allow_reuse_address = True
-        owner: "HostileServer"
+        owner: HostileServer
 
     def __init__(self, mode: str, interval: float = 1.0) -> None:
         self.mode, self.interval = mode, interval
@@ -114,7 +114,7 @@ class HostileServer:
         self.url = f"http://127.0.0.1:{self._srv.server_address[1]}/hook"
         self._thread = threading.Thread(target=self._srv.serve_forever, name=f"hostile-{mode}", daemon=True)
 
-    def __enter__(self) -> "HostileServer":
+    def __enter__(self) -> HostileServer:
         self._thread.start()
         return self
 

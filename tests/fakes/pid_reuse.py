@@ -28,8 +28,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 HERE = Path(__file__).resolve().parent
 _PR_SET_CHILD_SUBREAPER = 36

@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 CATALOGUE = Path(__file__).resolve().parents[1] / "fixtures" / "catalogue"
@@ -85,7 +85,7 @@ def _unescape(s: str) -> str:
     return s.replace("\\n", "\n").replace("\\t", "\t")
 
 
-@lru_cache(maxsize=None)
+@cache
 def messages() -> tuple[dict, ...]:
     with open(CATALOGUE / "messages.tsv", encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -95,13 +95,13 @@ def messages() -> tuple[dict, ...]:
     return tuple(rows)
 
 
-@lru_cache(maxsize=None)
+@cache
 def chains() -> tuple[dict, ...]:
     with open(CATALOGUE / "chains.tsv", encoding="utf-8", newline="") as fh:
         return tuple(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
-@lru_cache(maxsize=None)
+@cache
 def frames() -> tuple[dict, ...]:
     with open(CATALOGUE / "frames.tsv", encoding="utf-8", newline="") as fh:
         return tuple(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))

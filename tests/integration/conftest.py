@@ -5,7 +5,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 import pytest  # noqa: E402
-
 from guardrun import GuardRun  # noqa: E402
 
 

@@ -9,17 +9,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import psutil
 
+from tests.fakes.emulator import printed
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakes" / "fake_vllm.py"
 MARKER = "VLLMGUARD_LAUNCH"
-#: The fake vLLM's Llama-3.1-8B (its scenario's "model"): real config.json figures, weights as loaded.
-LLAMA8B = {"weights_gib": 14.96, "kv_bytes_per_token": 131072, "num_kv_heads": 8,
+#: The fake vLLM's Llama-3.1-8B (its scenario's "model"): real config.json figures, and the weights
+#: vLLM printed loading it ("Model loading took 14.99 GiB", calibration record 5).
+LLAMA8B = {"weights_gib": printed("Llama-3.1-8B-Instruct", "obs_weights_gib"), "kv_bytes_per_token": 131072,
+           "num_kv_heads": 8,
            "derived_max_model_len": 131072, "vocab": 128256, "hidden": 4096, "intermediate": 14336}
 
 
@@ -66,7 +71,7 @@ class GuardRun:
         (tmp / "fake-state").mkdir(exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "GuardRun":
+    def start(self) -> GuardRun:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=str(ROOT))
@@ -110,7 +115,7 @@ class GuardRun:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"guard did not exit in {timeout} s\n{self.output()[-4000:]}")
+            raise AssertionError(f"guard did not exit in {timeout} s\n{self.output()[-4000:]}") from None
 
     def history(self) -> list[dict[str, Any]]:
         """What ``vllm-guard history --json`` prints for this guard's state dir (also after it stopped)."""

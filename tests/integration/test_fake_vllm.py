@@ -7,8 +7,8 @@ group afterwards so orphaned fake engines never outlive a test) and waits on its
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -359,11 +359,14 @@ def test_port_already_in_use(launch):
 
 
 @pytest.mark.parametrize("version, needle", [
-    ("0.6.3", "is larger than the maximum number of tokens that can be stored in KV cache (39840)"),
+    ("0.6.3", "is larger than the maximum number of tokens that can be stored in KV cache ({fit})"),
     ("0.8.4", "GiB). Based on the available memory,  Try increasing"),
-    ("0.10.2", "the estimated maximum model length is 39744."),
+    ("0.10.2", "the estimated maximum model length is {fit}."),
 ])
 def test_kv_messages_follow_the_version(launch, version, needle):
+    """Each version's wording, with the emulator's verdict in it (the fake prints what it computes)."""
+    truth = emulator.simulate(emulator.ModelSpec("m", **LLAMA_8B), emulator.GpuSpec(23.55), version, {})
+    needle = needle.format(fit=truth.numbers.get("fit_max_model_len"))
     fake = launch("meta-llama/Llama-3.1-8B-Instruct", scenario={"model": LLAMA_8B, "version": version})
     rc = fake.wait()
     assert needle in fake.text() + fake.text("err")

@@ -12,7 +12,6 @@ import time
 
 import psutil
 import pytest
-
 from guardrun import LLAMA8B, ROOT, argv_flag, marked
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes"))
@@ -33,9 +32,12 @@ def test_kv_cache_failure_healed_in_one_relaunch_to_the_estimate(run, version):
     s = g.wait_healthy(launches=2)
     first, second = s["launches"]
     assert first["kind"] == "kv_cache_insufficient" and first["outcome"] == "failed"
-    fit = first["numbers"]["fit_max_model_len"]
+    # what the fake vLLM printed is the emulator's verdict (its figures from the calibration records),
+    # not what the guard parsed: the guard must have read it right and cut to it, block-aligned
+    fit = true_fit(version)
+    assert first["numbers"]["fit_max_model_len"] == fit
     new = int(argv_flag(second["argv"], "--max-model-len"))
-    assert fit - 16 < new <= fit and new % 16 == 0
+    assert new == fit // 16 * 16
     assert s["changed_flags"]["--max-model-len"]["source"] == "heal"
     r = g.chat()
     assert r.status_code == 200 and r.json()["choices"]
@@ -81,7 +83,8 @@ def test_busy_gpu_with_the_models_config_heals_share_and_length_in_one_relaunch(
     fit = true_fit("0.32.0", {"--gpu-memory-utilization": str(util)}, {"other_used_gib": 3})
     note = s["changed_flags"]["--max-model-len"]
     assert note["value"] == f"auto ({fit})" and note["source"] == "heal"
-    assert note["why"].startswith("131072 tokens do not fit") and note["why"].endswith(f"chose {fit} tokens for the KV cache")
+    assert note["why"].startswith("131072 tokens do not fit")
+    assert note["why"].endswith(f"chose {fit} tokens for the KV cache")
     assert "--max-model-len (unset) -> auto (131072 tokens do not fit" in g.output()   # each change's reason
     assert g.chat(model).status_code == 200
     assert g.terminate() == 0
@@ -171,7 +174,7 @@ def test_no_kv_memory_ladder_reaches_health(run):
     g = run({"version": "0.32.0", "model": {**LLAMA8B, "weights_gib": 20.75, "derived_max_model_len": 8192}},
             guard_args=["--no-plan"])
     s = g.wait_healthy(timeout=90)
-    kinds = [l["kind"] for l in s["launches"] if l.get("kind")]
+    kinds = [x["kind"] for x in s["launches"] if x.get("kind")]
     assert kinds[0] == "no_kv_cache_memory"
     assert set(kinds) <= {"no_kv_cache_memory", "kv_cache_insufficient"}
     assert "--enforce-eager" in s["argv"] and argv_flag(s["argv"], "--gpu-memory-utilization") is None
@@ -275,8 +278,7 @@ def test_second_guard_on_the_same_state_dir_refuses(run, tmp_path):
     g = run({"version": "0.32.0", "model": LLAMA8B}, vllm_args=["--max-model-len", "8192"])
     g.wait_healthy(launches=1)
     other = run({"version": "0.32.0"}, state_dir=g.state_dir)
-    code = other.wait_exit()
-    assert code != 0
+    assert other.wait_exit() == 78          # a person must act: systemd does not restart it (RestartPreventExitStatus)
     assert str(g.proc.pid) in other.output()
     assert g.terminate() == 0
 
@@ -392,7 +394,6 @@ def test_ready_flips_with_vllm_health(run):
 
 def test_sd_notify_ready_status_watchdog_stopping_on_a_real_socket(run, tmp_path):
     import socket as sk
-
     import threading
 
     path = str(tmp_path / "notify.sock")
@@ -406,7 +407,7 @@ def test_sd_notify_ready_status_watchdog_stopping_on_a_real_socket(run, tmp_path
         while True:
             try:
                 messages.append(sock.recv(4096).decode())
-            except (TimeoutError, sk.timeout):
+            except TimeoutError:
                 if done.is_set():
                     return    # the guard has exited: its datagrams are all queued, and now read
 
@@ -474,9 +475,10 @@ def test_a_fatal_looking_line_does_not_kill_a_server_that_still_answers(run, tmp
     noisy.write_text("ERROR 11-29 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. "
                      "Tried to allocate 20.00 MiB.\n")
     import asyncio
+
     from supervisor.shell.child import Child
-    from supervisor.shell.probe import Prober
     from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
+    from supervisor.shell.probe import Prober
 
     script = tmp_path / "srv.py"
     script.write_text(
@@ -500,7 +502,7 @@ def test_a_fatal_looking_line_does_not_kill_a_server_that_still_answers(run, tmp
         control: asyncio.Queue = asyncio.Queue()
         healthy = asyncio.Event()
         child = Child([sys.executable, str(script), str(port)], dict(__import__("os").environ),
-                      lambda l, s: None)
+                      lambda line, stream: None)
         w = Watcher(child, Prober("127.0.0.1", port, "m", timeout=2),
                     LaunchTimers(60, 60, 0.2, 0.2, 2, 3), LaunchHooks(on_healthy=lambda s: healthy.set()),
                     control)
@@ -567,7 +569,7 @@ def test_an_unknown_traceback_at_start_up_relaunches_the_same_flags_with_backoff
     assert [r["kind"] for r in launches] == ["unknown_failure"] * 3
     assert len({tuple(r["argv"]) for r in launches}) == 1          # never a change of flags
     assert all(r["evidence"] for r in launches)      # the exception line no rule names
-    gaps = [b["started_at"] - a["ended_at"] for a, b in zip(launches, launches[1:])]
+    gaps = [b["started_at"] - a["ended_at"] for a, b in zip(launches, launches[1:], strict=False)]
     assert all(gap >= 0.9 for gap in gaps) and gaps[1] > gaps[0]   # backoff, growing: no hot loop
 
 

@@ -1,7 +1,7 @@
 """What vLLM printed on this host sizes the next start: the guard in process (so the GPU it reads
 can be given), the fake vLLM as its child. The fake's start-up follows the emulator: an L4-sized
-card (23.55 GiB), Llama-3.1-8B (14.96 GiB of weights, 128 KiB of KV cache a token), vLLM 0.11 (no
-auto-fit: a length the plan cuts is a number it must get right)."""
+card (23.55 GiB), Llama-3.1-8B (14.99 GiB of weights, what vLLM printed for it; 128 KiB of KV cache a
+token), vLLM 0.11 (no auto-fit: a length the plan cuts is a number it must get right)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import random
 import sys
 from pathlib import Path
 
+from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port
+
 from supervisor.config import GuardConfig, build, flatten
 from supervisor.core.flags import Flags
 from supervisor.core.gpus import GpuDevice
@@ -18,9 +20,8 @@ from supervisor.core.lifecycle import State
 from supervisor.core.session import Facts, Session
 from supervisor.facts.model_files import load_model_info
 from supervisor.shell.guard import Guard
-from supervisor.shell.statedir import MEASURED_PREFIX
+from supervisor.shell.learned import MEASURED_PREFIX
 from tests.fakes.gpu import FakeProvider
-from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "Llama-3.1-8B-Instruct"
 GiB = 1 << 30
@@ -62,7 +63,7 @@ def test_a_second_start_is_sized_by_what_the_first_printed(tmp_path):
     kv_gib, fits = first["measured"]["available_kv_gib"], first["measured"]["kv_cache_tokens"]
     learned = json.loads((tmp_path / "state" / "learned.json").read_text())
     (measured,) = [v["meta"]["measured"] for k, v in learned.items() if k.startswith(MEASURED_PREFIX)]
-    assert abs(measured["overhead_bytes"] / GiB - (0.9 * 23.55 - 14.96 - kv_gib)) < 0.01
+    assert abs(measured["overhead_bytes"] / GiB - (0.9 * 23.55 - LLAMA8B["weights_gib"] - kv_gib)) < 0.01
 
     # Other flags (the model's whole context): no learned flags apply, the measurement does.
     again = serve_once(tmp_path, port, "")

@@ -19,9 +19,8 @@ import time
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-
 from guardrun import LLAMA8B, ROOT, GuardRun, free_port
+from prometheus_client.parser import text_string_to_metric_families
 
 RULES = ROOT / "configs" / "monitoring" / "vllm-guard-alerts.yaml"
 DASHBOARD = ROOT / "configs" / "monitoring" / "vllm-guard-dashboard.json"

@@ -20,9 +20,7 @@ import time
 import httpx
 import psutil
 import pytest
-
 from guardrun import FAKE, LLAMA8B, ROOT, argv_flag, free_port, marked
-
 
 
 class Hook(http.server.BaseHTTPRequestHandler):

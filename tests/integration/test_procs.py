@@ -349,7 +349,8 @@ def test_a_sigkilled_guard_leaves_an_engine_that_the_next_guard_ends(tracked, tm
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the CPU vLLM venv (scripts/setup-cpu-vllm)")
 def test_the_marker_survives_vllms_setproctitle(tracked, tmp_path):
-    code = "import setproctitle, signal; setproctitle.setproctitle('VLLM::EngineCore'); print('ready', flush=True); signal.pause()"
+    code = ("import setproctitle, signal; setproctitle.setproctitle('VLLM::EngineCore'); print('ready', flush=True); "
+            "signal.pause()")
     state = str(tmp_path / "state")
     env = procs.child_env(os.environ, state, 3)
     found = {}
@@ -381,9 +382,11 @@ def test_port_holder_names_the_listening_process(asked):
 
 
 def test_port_holder_flags_a_marked_holder(tracked, tmp_path):
-    code = "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    code = ("import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); sys.stdin.read()")
     env = procs.child_env(os.environ, str(tmp_path), 4)
-    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
     tracked.append(psutil.Process(p.pid))
     port = int(read_line(p.stdout))
     text = procs.port_holder("127.0.0.1", port)

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import httpx
 import psutil
+from guardrun import LLAMA8B, ROOT, GuardRun
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from guardrun import LLAMA8B, ROOT, GuardRun
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes"))
 from hostile_http import HostileServer  # noqa: E402

@@ -6,11 +6,10 @@ import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-
 from realguard import CACHE, ROOT, GuardProc, Real, Tracker, free_port
 
 

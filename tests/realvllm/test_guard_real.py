@@ -16,7 +16,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from realguard import GuardProc, Tracker, alive, is_api_server, is_vllm_proc
 
 # Each test may include the one-time venv set-up (minutes on a fresh machine); waits inside have

@@ -53,7 +53,8 @@ def test_human_output_names_kind_evidence_numbers(capsys: pytest.CaptureFixture[
     assert "fit_max_model_len=95632" in out
 
 
-def test_missing_file_is_an_error_but_the_others_are_diagnosed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_missing_file_is_an_error_but_the_others_are_diagnosed(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
     missing = tmp_path / "nope.log"
     assert _run(["--json", str(missing), str(KV)]) == 2
     captured = capsys.readouterr()
@@ -108,7 +109,7 @@ def test_real_command_on_every_fixture() -> None:
     assert done.returncode == 0, done.stderr
     got = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(got) == len(files)
-    for rel, out in zip(files, got):
+    for rel, out in zip(files, got, strict=True):
         want = expected[rel]
         if "exit_code" not in want:
             assert out["kind"] == want["kind"], rel

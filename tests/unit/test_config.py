@@ -258,7 +258,8 @@ def test_vllms_own_config_yaml_is_read_to_know_its_values(tmp_path):
     yaml_file = tmp_path / "vllm.yaml"
     yaml_file.write_text("port: 9100\nmax-model-len: 32768\nenforce-eager: true\ntrust-remote-code: false\n"
                          "compilation-config:\n  level: 3\nmodel: org/from-yaml\n")
-    cfg = config.resolve(_ns(vllm_args=["--config", str(yaml_file), "--max-model-len", "16384"]), {"HOME": str(tmp_path)})
+    cfg = config.resolve(_ns(vllm_args=["--config", str(yaml_file), "--max-model-len", "16384"]),
+                         {"HOME": str(tmp_path)})
     assert cfg.model == "org/from-yaml"
     flags = cfg.requested_flags()
     assert flags.get("--max-model-len") == "16384" and flags.enabled("--enforce-eager")

@@ -38,7 +38,8 @@ def test_every_catalogued_message_is_recognised_and_placed(case: cat.Case) -> No
         # the line that decided it: the row's own text (its match), or a line of the row's log
         assert case.evidence in got.evidence or got.evidence.rstrip("…") in "\n".join(case.lines), got.evidence
     for key, value in case.numbers.items():
-        assert got.numbers.get(key) == value, f"{case.name}: numbers[{key!r}] = {got.numbers.get(key)!r}, want {value!r}"
+        assert got.numbers.get(key) == value, \
+            f"{case.name}: numbers[{key!r}] = {got.numbers.get(key)!r}, want {value!r}"
 
 
 def test_every_failure_row_is_tried_in_its_first_and_last_version() -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.shell import auth
 from supervisor import config
+from supervisor.shell import auth
 from supervisor.shell.metrics import Metrics
 from supervisor.shell.status_server import StatusServer
 from tests.fakes.serve import serving

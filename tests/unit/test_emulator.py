@@ -259,3 +259,36 @@ def test_v0_kv_cache_allocation_runs_out_where_other_processes_hold_memory():
     capped = simulate(LLAMA_8B, busy, "0.6.4", flags)
     assert capped.kind == Kind.KV_CACHE_INSUFFICIENT.value and capped.phase == "kv_cache"
     assert simulate(LLAMA_8B, busy, "0.6.4", {**flags, "--max-model-len": "4096"}).ok
+
+
+# -- its figures are what vLLM printed, not the plan's -------------------------------------------------
+def test_the_emulators_figures_come_from_the_calibration_records_not_the_plan():
+    """The fake vLLM (and the benchmark) must be an independent "real vLLM": its calibrated terms are
+    read from benchmarks/calibration/records.tsv, and it never imports the plan's memory model."""
+    import ast
+    from pathlib import Path
+
+    from tests.fakes import emulator
+
+    tree = ast.parse(Path(emulator.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "supervisor" not in imported and "benchmarks" not in imported
+    # records 1, 2, 4-8, 10: 0.13-0.14 GiB at TP 1 on an H100, vLLM 0.11 -> the median 0.13
+    assert emulator.NON_TORCH_GIB == pytest.approx(0.13)
+    # records 3 and 9 (TP 2 on H100s): 0.55 and 0.54 -> 0.42 and 0.41 above the base
+    assert emulator.NON_TORCH_TP_GIB[True] == pytest.approx(0.415)
+    # record 13 (2 x RTX 4090, 0.7.2): 0.25 -> 0.12 above the base
+    assert emulator.NON_TORCH_TP_GIB[False] == pytest.approx(0.12)
+    # records 11-12 (RTX 3090, 0.6.4: the global cap counts the CUDA context): 0.35 -> 0.22
+    assert emulator.COUNTED_CONTEXT_GIB[False] == pytest.approx(0.22)
+    # the dense 0.11 start-ups printed 0.034-0.036 GiB of activation above the forward/sampler peak
+    assert 0.03 < emulator.ACT_FIXED_GIB < 0.04
+    # "Model loading took 14.99 GiB" for Llama-3.1-8B-Instruct (record 5)
+    assert emulator.printed("Llama-3.1-8B-Instruct", "obs_weights_gib") == 14.99
+
+
+def test_the_fakes_llama_is_what_vllm_printed_for_it():
+    from tests.integration.guardrun import LLAMA8B
+
+    assert LLAMA8B["weights_gib"] == 14.99

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.gpus import GpuDevice, GpuProcess, visible
+from supervisor.core.gpus import GpuDevice, GpuProcess, cuda_total_bytes, gpu_spec, interconnect, sm_count, visible
 from supervisor.core.vllm import fp8_kv_supported
 from supervisor.facts.nvml import NvmlProvider
 
@@ -72,3 +72,48 @@ def test_nvml_provider_without_a_driver_reports_why_and_returns_nothing():
     assert p.reason and isinstance(p.reason, str)
     assert p.available is False
     assert p.snapshot() == []       # second call: no retry storm, same answer
+
+
+# -- GPU models: CUDA's totals, not NVML's ---------------------------------------------------------
+
+@pytest.mark.parametrize("name, nvml_mib, reserved_mib", [
+    # nvidia-smi -q "FB Memory Usage" of real cards: CUDA's total is NVML's total less the driver's reserve
+    ("NVIDIA H100 80GB HBM3", 81559, 479),
+    ("NVIDIA H200", 143771, 614),
+    ("NVIDIA L40S", 46068, 609),
+    ("NVIDIA GeForce RTX 4080 SUPER", 16376, 434),
+])
+def test_a_gpu_name_gives_cudas_total_not_nvmls(name, nvml_mib, reserved_mib):
+    expected_gib = round((nvml_mib - reserved_mib) / 1024, 2)
+    assert cuda_total_bytes(name, nvml_mib << 20) / GiB == pytest.approx(expected_gib, abs=0.006)
+    assert cuda_total_bytes(name) == cuda_total_bytes(name, nvml_mib << 20)      # the name alone
+
+
+def test_an_80gb_h100_is_what_vllm_prints_for_it():
+    # vLLM 0.19 on an H100 80GB HBM3: "Free memory on device (78.68/79.19 GiB) on startup" (calibration set 2)
+    assert cuda_total_bytes("NVIDIA H100 80GB HBM3") / GiB == pytest.approx(79.19, abs=0.015)
+    assert cuda_total_bytes("H100") == cuda_total_bytes("NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA A10", "NVIDIA A10"), ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"),
+    ("NVIDIA A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB"), ("NVIDIA L4", "NVIDIA L4"), ("NVIDIA L40S", "NVIDIA L40S"),
+    ("NVIDIA H20", "NVIDIA H20"), ("NVIDIA H200", "NVIDIA H200"), ("Tesla T4", "Tesla T4"),
+])
+def test_names_match_whole_words(name, expected):
+    spec = gpu_spec(name)
+    assert spec is not None and spec.name == expected
+
+
+def test_a_total_that_is_not_the_models_is_taken_as_nvml_says():
+    # a MIG slice of an H100 (nvidia-smi: 40448 MiB), or a card the table does not know
+    assert cuda_total_bytes("NVIDIA H100 80GB HBM3", 40448 << 20) == 40448 << 20
+    assert cuda_total_bytes("Some Future GPU", 12 << 30) == 12 << 30
+    assert cuda_total_bytes("Some Future GPU") is None
+
+
+def test_interconnect_classes():
+    assert interconnect("NVIDIA H100 80GB HBM3") == "nvswitch"
+    assert interconnect("NVIDIA A100-SXM4-80GB") == "nvlink"
+    assert interconnect("NVIDIA L40S") == interconnect("NVIDIA GeForce RTX 4090") == "pcie"
+    assert sm_count("NVIDIA H100 80GB HBM3") == 132 and sm_count("unknown") is None

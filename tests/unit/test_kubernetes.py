@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.shell import auth
 from supervisor import config
-from supervisor.shell import signalling
 from supervisor.core.flags import Flags
+from supervisor.shell import auth, signalling
 
 yaml = pytest.importorskip("yaml")
 dockerfile_parse = pytest.importorskip("dockerfile_parse")

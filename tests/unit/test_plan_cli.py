@@ -190,3 +190,42 @@ def test_add_parser_registers_plan():
     cli_plan.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["plan", str(MODELS / "Qwen3-8B"), "--gpu-memory-gib", "24", "-tp", "1"])
     assert args.func is cli_plan.run and args.gpu_memory_gib == 24.0
+
+
+def test_a_cut_context_is_named_a_cut_and_the_models_length_is_not_called_asked():
+    r = plan(str(MODELS / "Llama-3.1-8B-Instruct"), "--gpu-memory-gib", "23.55", "--vllm-version", "0.9.2")
+    first = r.stdout.splitlines()[0]
+    assert r.returncode == 0 and first.startswith("FITS, CONTEXT CUT: about ")
+    assert "of the model's 131,072-token context" in first and "asked" not in first
+    pct = int(first.split("tokens, ", 1)[1].split("%", 1)[0])
+    assert 25 <= pct <= 35                                   # ~39,800 of 131,072
+    whole = plan(str(MODELS / "Llama-3.1-8B-Instruct"), "--gpu-memory-gib", "23.55", "--vllm-version", "0.9.2",
+                 "--max-model-len", "8192").stdout.splitlines()[0]
+    assert whole.startswith("FITS: the 8,192 tokens asked on one 23.55 GiB GPU")
+    out = json.loads(plan(str(MODELS / "Llama-3.1-8B-Instruct"), "--gpu-memory-gib", "23.55", "--vllm-version",
+                          "0.9.2", "--json").stdout)
+    assert out["fits"] and out["cut"] and out["asked_max_model_len"] is None
+
+
+@pytest.mark.parametrize("flags, record, printed_kv_gib", [
+    # calibration set 2: Llama-3.1-8B on an H100 at 0.95, vLLM 0.19.0
+    (("--dtype", "float32"), 121, 42.80),
+    (("--quantization", "fp8"), 119, 64.61),
+    ((), 124, 58.11),
+])
+def test_dtype_and_runtime_quantization_are_planned_as_vllm_runs_them(flags, record, printed_kv_gib):
+    out = json.loads(plan(str(MODELS / "Llama-3.1-8B-Instruct"), "--gpu-name", "NVIDIA H100 80GB HBM3",
+                          "--vllm-version", "0.19.0", "--gpu-memory-utilization", "0.95", "--max-model-len", "8192",
+                          *flags, "--json").stdout)
+    row = next(x for x in out["rows"] if x["gpu_memory_utilization"] == 0.95 and x["kv_cache_dtype"] == "auto")
+    assert row["kv_budget_gib"] == pytest.approx(printed_kv_gib, rel=0.01), record
+    for flag, value in zip(flags[::2], flags[1::2], strict=False):
+        assert out["start_flags"][flag] == value
+
+
+def test_a_gpu_name_alone_gives_its_cuda_total():
+    out = json.loads(plan(str(MODELS / "Qwen3-8B"), "--gpu-name", "H100", "--vllm-version", "0.19.0",
+                          "--json").stdout)
+    assert out["gpu_total_gib"] == 79.18 and out["gpu_name"] == "NVIDIA H100 80GB HBM3"
+    assert (out["max_num_batched_tokens"], out["max_num_seqs"]) == (8192, 1024)
+    assert "transformers" in out["config_source"] or "config.json" in out["config_source"]

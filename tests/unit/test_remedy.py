@@ -7,7 +7,9 @@ the classifier extracts. Ladders (several failures in a row) are the second tabl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +19,9 @@ from supervisor.core import remedy as R
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import Flags
+from supervisor.core.plan import Sizing
 from supervisor.errors import EX_CONFIG, EX_TEMPFAIL
+from supervisor.facts.model_files import load_model_info
 
 KV, FREE, NO_KV = Kind.KV_CACHE_INSUFFICIENT, Kind.INSUFFICIENT_FREE_MEMORY, Kind.NO_KV_CACHE_MEMORY
 CONFIG = Kind.CONFIG_ERROR
@@ -113,7 +117,8 @@ ROWS = [
     Row("CUDA-graph capture failed: eager mode, the length untouched", D(Kind.OOM_CUDAGRAPH),
         "--max-model-len 8192", then="--max-model-len 8192 --enforce-eager", step="enforce_eager"),
     Row("OOM while serving: the last good flags, half the sequences, after backoff", D(Kind.OOM_RUNTIME),
-        "--max-model-len 8192 --max-num-seqs 64", knows={"last_good": Flags.parse("--max-model-len 8192 --max-num-seqs 64")},
+        "--max-model-len 8192 --max-num-seqs 64",
+        knows={"last_good": Flags.parse("--max-model-len 8192 --max-num-seqs 64")},
         then="--max-model-len 8192 --max-num-seqs 32", step="oom_runtime", backoff=True),
     Row("OOM loading weights, no CPU offload allowed", D(Kind.OOM_WEIGHTS), gives_up=EX_TEMPFAIL, says="quantized"),
     Row("no KV memory with the share the user set: never above it (a shared GPU), eager mode first",
@@ -258,3 +263,850 @@ def test_auto_fit_bounds() -> None:
     high = check_auto_fit({"auto_fit_max_model_len": 9000}, "kv_cache", floor=2048, cap=8192)
     assert high is not None and high.kind is Kind.AUTO_FIT_ABOVE_REQUEST
     assert "above the --max-model-len 8192" in high.evidence
+
+
+#: Each decision in full, as the log, /status and the history show it: the relaunch's reason and every
+#: changed flag (flag, was, now, why), or giving up's reason and advice. The numbers in them are the
+#: rows' own (their comments give the arithmetic); the words are what a person reads.
+WHOLE: dict[str, tuple[Any, ...]] = {
+    'V1 estimate, already block-aligned': (
+        "the KV cache holds about 41840 tokens (vLLM's estimate), not 131072; 41840 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '41840',
+             "the KV cache holds about 41840 tokens (vLLM's estimate), not 131072; 41840 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'an estimate between blocks is aligned down': (
+        "the KV cache holds about 20001 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '32768', '20000',
+             "the KV cache holds about 20001 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    "V0's token capacity is the fit": (
+        "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '32768', '19200',
+             "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    "the CPU build's 128-token block, the user's flags kept": (
+        "the KV cache holds about 65408 tokens (vLLM's estimate), not 131072; 65408 is that, aligned down to the "
+        '128-token block', (
+            ('--max-model-len', None, '65408',
+             "the KV cache holds about 65408 tokens (vLLM's estimate), not 131072; 65408 is that, aligned down to "
+             'the 128-token block'),
+        )),
+    '0.7-0.9.0 print only GiB: the ratio, 3% and a block held back': (
+        'the KV cache holds about 41542 tokens (the ratio of available to needed KV memory), not 131072; 41536 is '
+        'that, aligned down to the 16-token block', (
+            ('--max-model-len', None, '41536',
+             'the KV cache holds about 41542 tokens (the ratio of available to needed KV memory), not 131072; '
+             '41536 is that, aligned down to the 16-token block'),
+        )),
+    'no number at all: halve': (
+        'the KV cache holds about 16384 tokens (halving (vLLM printed no size)), not 32768; 16384 is that, aligned '
+        'down to the 16-token block', (
+            ('--max-model-len', '32768', '16384',
+             'the KV cache holds about 16384 tokens (halving (vLLM printed no size)), not 32768; 16384 is that, '
+             'aligned down to the 16-token block'),
+        )),
+    'below the floor: fp8 KV doubles the capacity': (
+        'only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity', (
+            ('--kv-cache-dtype', None, 'fp8',
+             'only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity'),
+            ('--max-model-len', None, '2992',
+             'about 2992 tokens fit with fp8 KV'),
+        )),
+    'the floor is configurable': (
+        "the KV cache holds about 1500 tokens (vLLM's estimate), not 32768; 1488 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '1488',
+             "the KV cache holds about 1500 tokens (vLLM's estimate), not 32768; 1488 is that, aligned down to the "
+             '16-token block'),
+        )),
+    'below the floor, fp8 known unsupported, nothing left to free': (
+        'the KV cache holds only about 1500 tokens, below the floor --min-model-len 2048',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'a length-only fix is not allowed: fp8 instead': (
+        'only 16000 tokens fit, below the floor of 2048; fp8 KV doubles the capacity', (
+            ('--kv-cache-dtype', None, 'fp8',
+             'only 16000 tokens fit, below the floor of 2048; fp8 KV doubles the capacity'),
+        )),
+    'V0 measured above 32768 (chunked by itself): chunked prefill stays on below it': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory '
+             'profile, and so the KV cache, as measured'),
+        )),
+    'V0 measured below 32768: the length alone': (
+        "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '32768', '19200',
+             "the KV cache holds about 19200 tokens (vLLM's estimate), not 32768; 19200 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'V1: the length alone': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'an unknown version: the length alone': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'auto-fit above the request pins the request': (
+        "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits", (
+            ('--max-model-len', 'auto', '8192',
+             "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits"),
+        )),
+    "above the model's own maximum: the derived length": (
+        "the model's config allows at most 32768 tokens", (
+            ('--max-model-len', '65536', '32768',
+             "the model's config allows at most 32768 tokens"),
+        )),
+    'free memory: the share under what vLLM found free, the length untouched': (
+        'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.75 stays under it', (
+            ('--gpu-memory-utilization', None, '0.75',
+             'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.75 stays under it'),
+        )),
+    'free memory: nothing left to share': (
+        'only 0.5/79.19 GiB is free on the GPU; other processes hold the rest',
+        'free the GPU (see the processes holding it)'),
+    'CPU build: a share whose KV part lacks memory shrinks by what it lacked': (
+        'the CPU memory share left the KV cache 1.42 GiB short of the 3.1 GiB available; 0.74 shrinks the share by '
+        'that', (
+            ('--gpu-memory-utilization', '0.9', '0.74',
+             'the CPU memory share left the KV cache 1.42 GiB short of the 3.1 GiB available; 0.74 shrinks the '
+             'share by that'),
+        )),
+    'CPU build: VLLM_CPU_KVCACHE_SPACE above free memory is for a person to change': (
+        'the KV cache was set to 64.0 GiB, but only 7.96 of 9.59 GiB of CPU memory is available '
+        '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
+    "CPU build: the environment variable wins over the flag, still a person's change": (
+        'the KV cache was set to 64.0 GiB, but only 7.96 of 9.59 GiB of CPU memory is available '
+        '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
+    'CPU build: --kv-cache-memory-bytes alone is lowered under 90% of free memory': (
+        'only 7.96 of 9.59 GiB of CPU memory is available; 7.16 GiB stays under it', (
+            ('--kv-cache-memory-bytes', '64G', '7691304960',
+             'only 7.96 of 9.59 GiB of CPU memory is available; 7.16 GiB stays under it'),
+        )),
+    'CUDA-graph capture failed: eager mode, the length untouched': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+        )),
+    'OOM while serving: the last good flags, half the sequences, after backoff': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', '64', '32',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM loading weights, no CPU offload allowed': (
+        "the model's weights do not fit in GPU memory",
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'no KV memory with the share the user set: never above it (a shared GPU), eager mode first': (
+        'no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take', (
+            ('--enforce-eager', None, '',
+             'no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take'),
+        )),
+    'no KV memory, CPU offload allowed': (
+        'offloading 8 GiB of weights to CPU leaves GPU memory for the KV cache (slow)', (
+            ('--cpu-offload-gb', None, '8',
+             'offloading 8 GiB of weights to CPU leaves GPU memory for the KV cache (slow)'),
+        )),
+    'the engine died: the last good flags unchanged, after backoff': (
+        'the engine died (engine_dead); relaunching with the last good flags', (
+        )),
+    'an unknown failure is treated as the engine dying': (
+        'the engine died (unknown_failure); relaunching with the last good flags', (
+        )),
+    'an argument vLLM never had': (
+        'vLLM refused its configuration: vllm: error: unrecognized arguments: --foo',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'a flag this vLLM removed is dropped with the reason': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    '... once only': (
+        'vLLM refused its configuration: vllm: error: unrecognized arguments: --swap-space 4',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'the port is in use: retried after backoff': (
+        'the port is in use; the previous holder may be exiting', (
+        )),
+    '... until the retries are spent': (
+        'vLLM refused its configuration: OSError: [Errno 98] Address already in use',
+        'stop the process holding the port, or give vLLM another --port'),
+    'chunked prefill the guard added and vLLM refused is undone': (
+        'vLLM refused the chunked prefill the guard had added; relaunching without it', (
+            ('--enable-chunked-prefill', '', None,
+             'vLLM refused chunked prefill here; without it'),
+        )),
+    "... the user's own chunked prefill is theirs": (
+        'vLLM refused its configuration: ValueError: Sliding window is not supported with chunked prefill',
+        'this GPU or this vLLM does not support what was asked: choose a --dtype, --quantization or '
+        '--kv-cache-dtype it supports, or another vLLM version'),
+    'fp8 KV the guard added, refused: give up with the KV failure that led there': (
+        'this GPU refuses fp8 KV cache, and without it the KV cache is below the floor (ValueError: To serve at '
+        'least one request ...)',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'a gated model: HF_TOKEN': (
+        'vLLM refused its configuration: huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: '
+        'Root=1-abc)',
+        'the model is gated: accept its licence on huggingface.co and give vLLM a token that may read it (HF_TOKEN '
+        "in the guard's environment; /etc/vllm-guard/env under systemd)"),
+    'a model that does not exist: check its name': (
+        'vLLM refused its configuration: OSError: org/missing-model is not a local folder and is not a valid model '
+        "identifier listed on 'https://huggingface.co/models'",
+        'check the model name: a Hugging Face repo id (org/name) or a local directory with config.json; a private '
+        'repo also needs HF_TOKEN'),
+    "the cause is vLLM's own line": (
+        'vLLM refused its configuration: ValueError: World size (2) is larger than the number of available GPUs '
+        '(1) in this node',
+        'make --tensor-parallel-size x --pipeline-parallel-size fit the GPUs this process sees '
+        "(CUDA_VISIBLE_DEVICES) and divide the model's attention heads"),
+    'more GPUs than present: what to change': (
+        'vLLM refused its configuration: ValueError: World size (2) is larger than the number of available GPUs '
+        '(1) in this node',
+        'make --tensor-parallel-size x --pipeline-parallel-size fit the GPUs this process sees '
+        "(CUDA_VISIBLE_DEVICES) and divide the model's attention heads"),
+    "an unknown flag: vLLM's help of the installed version": (
+        'vLLM refused its configuration: api_server.py: error: unrecognized arguments: --max-modle-len 4096',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+}
+
+
+# -- more decisions, each branch of the policy (what scripts/mutation showed no row reached) ---------------
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+LLAMA = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+TINY_CPU = load_model_info(str(MODELS / "tiny-llama-cpu"))
+
+
+def sized(version: str | None, info: Any = LLAMA, **kw: Any) -> Sizing:
+    """The plan's facts for the model, as the session builds them (an L4-class card unless given)."""
+    return Sizing(info, gpus=1, vllm_version=version, **kw)
+
+
+L4_FACTS = {"gpu_total_gib": 22.06, "gpu_free_gib": 22.06}
+MORE = [
+    # -- insufficient free memory ---------------------------------------------------------------
+    Row("free memory: nothing printed and nothing known: give up", D(FREE), gives_up=EX_TEMPFAIL),
+    Row("free memory: the share may not be changed: give up", D(FREE, free_gib=60.12, total_gib=79.19),
+        knows={"rules": RemedyConfig(allowed=("max_model_len",))}, gives_up=EX_TEMPFAIL),
+    Row("free memory from NVML (nothing printed): its CUDA context is taken off too",
+        D(FREE), knows={"gpu_free_gib": 60.12, "gpu_total_gib": 79.19},
+        # (60.12 - 0.4 context) / 79.19 = 0.7541, less the 0.005 margin -> 0.74
+        then="--gpu-memory-utilization 0.74", step="gpu_memory_utilization_free"),
+    Row("free memory: a share already under what is free cannot be lowered by this rule",
+        D(FREE, free_gib=60.12, total_gib=79.19), "--gpu-memory-utilization 0.5", gives_up=EX_TEMPFAIL),
+    Row("free memory: the share left cannot hold the weights",
+        D(FREE, free_gib=12.0, total_gib=22.06), knows={"sizing": sized("0.32.0"), **L4_FACTS}, gives_up=EX_TEMPFAIL),
+    Row("free memory with the model known, a length-only change not allowed: the share alone",
+        D(FREE, free_gib=19.06, total_gib=22.06),
+        knows={"sizing": sized("0.32.0"), "vllm_version": "0.32.0", **L4_FACTS,
+               "rules": RemedyConfig(allowed=("gpu_memory_utilization",))},
+        then="--gpu-memory-utilization 0.85", step="gpu_memory_utilization_free"),
+    Row("CPU build: a node figure names CPU memory when nothing is left",
+        D(FREE, free_gib=0.2, total_gib=9.59, requested_gib=8.63, cpu_node=True), gives_up=EX_TEMPFAIL),
+    # -- the CPU build's KV space -----------------------------------------------------------------
+    Row("CPU build: too little memory left for any KV cache", D(FREE, free_gib=0.2, total_gib=9.59, cpu_kv_gib=64.0),
+        "--kv-cache-memory-bytes 64G", gives_up=EX_TEMPFAIL),
+    Row("CPU build: the share may not be changed", D(FREE, free_gib=7.96, total_gib=9.59, cpu_kv_gib=64.0),
+        "--kv-cache-memory-bytes 64G", knows={"rules": RemedyConfig(allowed=("max_model_len",))},
+        gives_up=EX_TEMPFAIL),
+    Row("CPU build: a smaller KV cache with the model known shortens the length too",
+        D(FREE, free_gib=0.5, total_gib=9.59, cpu_kv_gib=64.0, max_model_len=131072),
+        "--kv-cache-memory-bytes 64G --max-model-len 131072",
+        knows={"sizing": sized("0.32.0", TINY_CPU, platform="cpu"), "vllm_version": "0.32.0", "block_size": 128},
+        then="--kv-cache-memory-bytes 482344960 --max-model-len 29312", step="cpu_kv_space"),
+    # -- OOM while serving, loading weights, the engine dying -----------------------------------------
+    Row("OOM while serving, fewer sequences not allowed: the same flags after backoff", D(Kind.OOM_RUNTIME),
+        "--max-num-seqs 64", knows={"rules": RemedyConfig(allowed=("restart",))},
+        then="--max-num-seqs 64", step="restart", backoff=True),
+    Row("OOM while serving at one sequence already: the same flags after backoff", D(Kind.OOM_RUNTIME),
+        "--max-num-seqs 1", then="--max-num-seqs 1", step="restart", backoff=True),
+    Row("OOM while serving with no last good flags: vLLM's default for an 80 GB card halved",
+        D(Kind.OOM_RUNTIME), knows={"gpu_total_gib": 79.19, "vllm_version": "0.32.0"},
+        then="--max-num-seqs 512", step="oom_runtime", backoff=True),
+    Row("OOM while serving on a 24 GB card: 256 sequences halved", D(Kind.OOM_RUNTIME),
+        knows={"gpu_total_gib": 22.06, "vllm_version": "0.32.0"}, then="--max-num-seqs 128", step="oom_runtime",
+        backoff=True),
+    Row("OOM loading weights, CPU offload allowed", D(Kind.OOM_WEIGHTS),
+        knows={"rules": RemedyConfig(cpu_offload_gb=4), "vllm_version": "0.10.2"},
+        then="--cpu-offload-gb 4", step="oom_weights:cpu_offload"),
+    Row("the engine died saying why: the reason is vLLM's",
+        Diagnosis(Kind.ENGINE_DEAD, evidence="x", detail="vLLM was killed by SIGKILL."),
+        "--max-model-len 8192", then="--max-model-len 8192", step="restart", backoff=True),
+    # -- the model's maximum, auto-fit ------------------------------------------------------------------
+    Row("above the model's maximum, which the log does not say and the model is unknown",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=65536), "--max-model-len 65536", gives_up=EX_CONFIG),
+    Row("above the model's maximum: config.json's when the log does not say it",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=200000), "--max-model-len 200000",
+        knows={"derived_max_model_len": 131072}, then="--max-model-len 131072", step="max_model_len_derived"),
+    Row("above the model's maximum, a length change not allowed",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=65536, derived_max_model_len=32768), "--max-model-len 65536",
+        knows={"rules": RemedyConfig(allowed=("restart",))}, gives_up=EX_CONFIG),
+    Row("auto-fit above a request nobody can name", D(Kind.AUTO_FIT_ABOVE_REQUEST, fit_max_model_len=9000),
+        "--max-model-len auto", asked="--max-model-len auto", gives_up=EX_CONFIG),
+    Row("auto-fit above the length the log says was asked",
+        D(Kind.AUTO_FIT_ABOVE_REQUEST, fit_max_model_len=9000, max_model_len=8192), "--max-model-len auto",
+        asked="--max-model-len auto", then="--max-model-len 8192", step="max_model_len_asked"),
+    # -- the KV cache, with the model known --------------------------------------------------------------
+    Row("KV: neither a size nor a length: give up", D(KV), gives_up=EX_TEMPFAIL),
+    Row("KV: the estimate no shorter than the length: halve instead",
+        D(KV, max_model_len=16384, fit_max_model_len=20000), "--max-model-len 16384",
+        then="--max-model-len 8192", step="max_model_len"),
+    Row("KV on V0 0.6 with the model known: chunked prefill frees the whole-context profile",
+        D(KV, max_model_len=32768, fit_max_model_len=20000), "--max-model-len 32768",
+        knows={"sizing": sized("0.6.6"), "vllm_version": "0.6.6"},
+        then="--max-model-len 32768 --enable-chunked-prefill", step="max_model_len"),
+    Row("KV below the floor, fp8 known unsupported: eager mode first (0.20+ counts graphs in the budget)",
+        D(KV, max_model_len=32768, fit_max_model_len=1500), knows={"fp8_supported": False, "vllm_version": "0.32.0"},
+        then="--enforce-eager", step="kv_small:enforce_eager"),
+    Row("KV below the floor before 0.20: eager mode frees nothing for it, a smaller batch does",
+        D(KV, max_model_len=32768, fit_max_model_len=1500), knows={"fp8_supported": False, "vllm_version": "0.10.2",
+                                                                   "gpu_total_gib": 22.06},
+        then="--max-num-batched-tokens 1024", step="kv_small:max_num_batched_tokens"),
+    Row("KV below the floor with fp8 already: give up, saying fp8 was tried",
+        D(KV, max_model_len=2992, fit_max_model_len=1000), "--kv-cache-dtype fp8 --max-model-len 2992",
+        knows={"tried": ("kv_cache_fp8", "kv_small:enforce_eager", "kv_small:max_num_batched_tokens")},
+        gives_up=EX_TEMPFAIL),
+    Row("KV far below the floor on V0 with the model known: chunked prefill alone lifts it over",
+        D(KV, max_model_len=16384, fit_max_model_len=1200), "--max-model-len 16384",
+        knows={"sizing": sized("0.6.6"), "vllm_version": "0.6.6"},
+        then="--max-model-len 5216 --enable-chunked-prefill", step="max_model_len"),
+    # -- OOM while profiling ---------------------------------------------------------------------------
+    Row("OOM allocating V0's KV cache with the free memory known: a share under it",
+        replace(D(Kind.OOM_PROFILE), phase="kv_cache"), "--gpu-memory-utilization 0.9",
+        knows={"gpu_free_gib": 18.0, "gpu_total_gib": 22.06, "vllm_version": "0.6.6"},
+        then="--gpu-memory-utilization 0.77", step="oom_kv_alloc"),
+    Row("OOM allocating the KV cache, nothing known: a step down", replace(D(Kind.OOM_PROFILE), phase="kv_cache"),
+        "--gpu-memory-utilization 0.9", then="--gpu-memory-utilization 0.85", step="oom_kv_alloc"),
+    Row("OOM while profiling, everything tried: give up",
+        D(Kind.OOM_PROFILE), "--max-num-seqs 1 --max-num-batched-tokens 512 --gpu-memory-utilization 0.5",
+        knows={"tried": ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens",
+                         "oom_profile:lower_utilization")}, gives_up=EX_TEMPFAIL),
+    Row("OOM while profiling with the sequences vLLM warmed up unknown: vLLM's default halved",
+        D(Kind.OOM_PROFILE), knows={"gpu_total_gib": 22.06, "vllm_version": "0.32.0"},
+        then="--max-num-seqs 128", step="oom_profile:max_num_seqs"),
+    # -- configuration errors -----------------------------------------------------------------------------
+    Row("two removed flags at once are both dropped",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space 4 --disable-log-requests", vllm_version="0.20.0"),
+        "--swap-space 4 --disable-log-requests --max-model-len 8192", then="--max-model-len 8192",
+        step="drop_removed_flags"),
+    Row("an unrecognized flag vLLM never removed is the user's to fix",
+        D(CONFIG, "vllm: error: unrecognized arguments: --max-modle-len 4096", vllm_version="0.20.0"),
+        "--max-modle-len 4096", gives_up=EX_CONFIG),
+]
+
+MORE += [
+    # -- a relaunch that frees memory also gets the length the plan says fits then (_foresee) ----------
+    Row("CUDA-graph OOM with the model known before 0.14: eager mode and the length that fits with it",
+        D(Kind.OOM_CUDAGRAPH), knows={"sizing": sized("0.10.2"), "vllm_version": "0.10.2", **L4_FACTS},
+        then="--enforce-eager --max-model-len 27424", step="enforce_eager"),
+    Row("CUDA-graph OOM with the model known on V0: eager, the length, and chunked prefill it counts on",
+        D(Kind.OOM_CUDAGRAPH), knows={"sizing": sized("0.6.6"), "vllm_version": "0.6.6", **L4_FACTS},
+        then="--enforce-eager --max-model-len 27424 --enable-chunked-prefill", step="enforce_eager"),
+    Row("CUDA-graph OOM with the model known, a length the plan says fits: eager mode alone",
+        D(Kind.OOM_CUDAGRAPH), "--max-model-len 4096", knows={"sizing": sized("0.10.2"), "vllm_version": "0.10.2",
+                                                              **L4_FACTS},
+        then="--max-model-len 4096 --enforce-eager", step="enforce_eager"),
+    Row("CUDA-graph OOM with eager mode on and every profiling remedy tried: give up",
+        D(Kind.OOM_CUDAGRAPH), "--enforce-eager --max-num-seqs 1 --max-num-batched-tokens 512",
+        knows={"tried": ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens",
+                         "oom_profile:lower_utilization")}, gives_up=EX_TEMPFAIL),
+    # -- vLLM's batch defaults, by GPU and version (EngineArgs._set_default_args) --------------------
+    Row("OOM while serving on an A100 80GB: 256 sequences (vLLM gives the A100 the small defaults)",
+        D(Kind.OOM_RUNTIME),
+        knows={"gpu_total_gib": 79.15, "vllm_version": "0.32.0",
+               "sizing": sized("0.32.0", device_name="NVIDIA A100-SXM4-80GB")},
+        then="--max-num-seqs 128", step="oom_runtime", backoff=True),
+    Row("OOM while serving on the CPU build: 128 sequences a rank, halved", D(Kind.OOM_RUNTIME),
+        knows={"vllm_version": "0.32.0", "sizing": sized("0.32.0", TINY_CPU, platform="cpu")},
+        then="--max-num-seqs 64", step="oom_runtime", backoff=True),
+    Row("no KV memory on V0 with a long context: chunked prefill's 2048-token chunks are the batch",
+        D(NO_KV), "--max-model-len 65536 --enforce-eager",
+        knows={"vllm_version": "0.6.6", "tried": ("no_kv:gpu_memory_utilization",)},
+        then="--max-model-len 65536 --enforce-eager --max-num-batched-tokens 1024",
+        step="no_kv:max_num_batched_tokens"),
+    # -- configuration errors that say what to change --------------------------------------------------
+    Row("too few GPUs: vLLM's numbers name what was asked and found",
+        Diagnosis(CONFIG, evidence="ValueError: World size (4) is larger than the number of available GPUs (2)",
+                  numbers={"required_gpus": 4, "available_gpus": 2},
+                  detail="vLLM needs 4 GPUs, only 2 are available: lower --tensor-parallel-size"),
+        gives_up=EX_CONFIG),
+    Row("the classifier's own words for a refusal it explains",
+        Diagnosis(CONFIG, evidence="ValueError: bad value", detail="ValueError: bad value: set --dtype half"),
+        gives_up=EX_CONFIG),
+    Row("a long refusal is cut at 300 characters", D(CONFIG, "ValueError: " + "y" * 400), gives_up=EX_CONFIG),
+    Row("fp8 KV refused (kv_cache_dtype) after the guard set it, with no KV failure on record",
+        D(CONFIG, "ValueError: kv_cache_dtype fp8 is not supported"), "--kv-cache-dtype fp8", asked="",
+        knows={"tried": ("kv_cache_fp8",)}, gives_up=EX_TEMPFAIL),
+    Row("fp8 KV refused (kv cache dtype), the KV failure's evidence cut at 200 characters",
+        D(CONFIG, "NotImplementedError: kv cache dtype fp8 unsupported here"), "--kv-cache-dtype fp8", asked="",
+        knows={"tried": ("kv_cache_fp8",), "previous": (D(KV, "ValueError: " + "z" * 300),)}, gives_up=EX_TEMPFAIL),
+    Row("fp8 KV refused (--kv-cache-dtype) that the user asked: theirs to change",
+        D(CONFIG, "error: argument --kv-cache-dtype: invalid choice: 'fp8'"), "--kv-cache-dtype fp8",
+        gives_up=EX_CONFIG),
+    Row("chunked prefill refused twice: the undo was tried, give up",
+        D(CONFIG, "ValueError: Sliding window is not supported with chunked prefill"),
+        "--max-model-len 30864 --enable-chunked-prefill", asked="",
+        knows={"vllm_version": "0.6.6", "tried": ("undo_chunked_prefill",)}, gives_up=EX_CONFIG),
+    Row("a removed flag given as --flag=value is dropped",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space=4", vllm_version="0.20.0"),
+        "--swap-space=4 --max-model-len 8192", then="--max-model-len 8192", step="drop_removed_flags"),
+    Row("a flag vLLM calls unrecognized before the release the table says removed it: dropped, with why",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space 4", vllm_version="0.17.0"),
+        "--swap-space 4 --max-model-len 8192", then="--max-model-len 8192", step="drop_removed_flags"),
+    Row("a length above the model's maximum that is the maximum: no remedy changes anything",
+        D(Kind.MAX_LEN_EXCEEDS_MODEL, max_model_len=32768, derived_max_model_len=32768), "--max-model-len 32768",
+        gives_up=EX_TEMPFAIL),
+    Row("a removed flag, the version known from the start-up and not the log",
+        D(CONFIG, "vllm: error: unrecognized arguments: --swap-space 4"), "--swap-space 4 --max-model-len 8192",
+        knows={"vllm_version": "0.20.0"}, then="--max-model-len 8192", step="drop_removed_flags"),
+]
+
+MORE += [
+    Row("no KV memory, every step of the ladder tried: give up", D(NO_KV), "--enforce-eager",
+        knows={"tried": ("no_kv:gpu_memory_utilization", "no_kv:enforce_eager", "no_kv:max_num_batched_tokens",
+                         "no_kv:max_num_seqs", "no_kv:cpu_offload")}, gives_up=EX_TEMPFAIL),
+    Row("V0 known from the log alone (the start-up found no version): chunked prefill stays on below 32768",
+        D(KV, max_model_len=131072, fit_max_model_len=30864, vllm_version="0.6.6"),
+        then="--max-model-len 30864 --enable-chunked-prefill", step="max_model_len"),
+    Row("the length served, as vLLM printed it, when no flag set it", D(KV, served_max_model_len=32768,
+                                                                         fit_max_model_len=20000),
+        then="--max-model-len 20000", step="max_model_len"),
+    Row("the length from config.json when neither the flag nor the log says it", D(KV, fit_max_model_len=20000),
+        knows={"derived_max_model_len": 131072}, then="--max-model-len 20000", step="max_model_len"),
+    Row("no KV memory on V0 at exactly 32768 tokens: vLLM chunks by itself only above, the guard asks",
+        D(NO_KV), "--max-model-len 32768 --enforce-eager",
+        knows={"vllm_version": "0.6.6", "tried": ("no_kv:gpu_memory_utilization",)},
+        then="--max-model-len 32768 --enforce-eager --enable-chunked-prefill", step="no_kv:max_num_batched_tokens"),
+    Row("OOM allocating the KV cache at a share of three decimals: 0.05 down, to two",
+        replace(D(Kind.OOM_PROFILE), phase="kv_cache"), "--gpu-memory-utilization 0.925",
+        then="--gpu-memory-utilization 0.88", step="oom_kv_alloc"),
+    Row("OOM allocating the KV cache at 0.10: 0.05 is still a share", replace(D(Kind.OOM_PROFILE), phase="kv_cache"),
+        "--gpu-memory-utilization 0.1", then="--gpu-memory-utilization 0.05", step="oom_kv_alloc"),
+    Row("OOM allocating the KV cache, the free memory known but not the total: a step down",
+        replace(D(Kind.OOM_PROFILE), phase="kv_cache"), "--gpu-memory-utilization 0.9",
+        knows={"gpu_free_gib": 10.0}, then="--gpu-memory-utilization 0.85", step="oom_kv_alloc"),
+    # 14.96 GiB of weights at TP 2 less 2 GiB offloaded: 5.48 GiB a rank; 5 of 22.06 GiB free gives
+    # 5 / 22.06 - 0.005 = 0.22, 4.85 GiB: less than the weights
+    Row("free memory: the share left cannot hold a rank's weights (TP 2, some offloaded)",
+        D(FREE, free_gib=5.0, total_gib=22.06), "-tp 2 --cpu-offload-gb 2",
+        knows={"sizing": Sizing(LLAMA, gpus=2, vllm_version="0.32.0"), **L4_FACTS}, gives_up=EX_TEMPFAIL),
+    Row("CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences",
+        D(Kind.OOM_CUDAGRAPH, num_dummy_requests=256), "--enforce-eager",
+        then="--enforce-eager --max-num-seqs 128", step="oom_profile:max_num_seqs"),
+]
+
+
+#: The rows above in full (how WHOLE writes them).
+MORE_WHOLE: dict[str, tuple[Any, ...]] = {
+    'free memory: nothing printed and nothing known: give up': (
+        'other processes hold the GPU memory vLLM asked for',
+        'free the GPU, or lower --gpu-memory-utilization'),
+    'free memory: the share may not be changed: give up': (
+        'other processes hold the GPU memory vLLM asked for',
+        'free the GPU, or lower --gpu-memory-utilization'),
+    'free memory from NVML (nothing printed): its CUDA context is taken off too': (
+        'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.74 stays under it', (
+            ('--gpu-memory-utilization', None, '0.74',
+             'only 60.12 of 79.19 GiB is free (other processes hold the rest); 0.74 stays under it'),
+        )),
+    'free memory: a share already under what is free cannot be lowered by this rule': (
+        'only 60.12/79.19 GiB is free on the GPU; other processes hold the rest',
+        'free the GPU (see the processes holding it)'),
+    'free memory: the share left cannot hold the weights': (
+        "only 12.0 of 22.06 GiB is free on the GPU: at 0.53 vLLM could use 11.69 GiB, less than the model's "
+        'weights (14.96 GiB per rank)',
+        'free the GPU (see the processes holding it)'),
+    'free memory with the model known, a length-only change not allowed: the share alone': (
+        'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.85 stays under it', (
+            ('--gpu-memory-utilization', None, '0.85',
+             'only 19.06 of 22.06 GiB is free (other processes hold the rest); 0.85 stays under it'),
+        )),
+    'CPU build: a node figure names CPU memory when nothing is left': (
+        'only 0.2/9.59 GiB is free on CPU memory; other processes hold the rest',
+        'free CPU memory (see the processes holding it)'),
+    'CPU build: too little memory left for any KV cache': (
+        'only 0.2 of 9.59 GiB of CPU memory is available for the KV cache',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 0 GiB, or free memory on this machine'),
+    'CPU build: the share may not be changed': (
+        'only 7.96 of 9.59 GiB of CPU memory is available for the KV cache',
+        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
+    'CPU build: a smaller KV cache with the model known shortens the length too': (
+        'only 0.5 of 9.59 GiB of CPU memory is available; 0.45 GiB stays under it', (
+            ('--kv-cache-memory-bytes', '64G', '482344960',
+             'only 0.5 of 9.59 GiB of CPU memory is available; 0.45 GiB stays under it'),
+            ('--max-model-len', '131072', '29312',
+             'about 29312 tokens fit in the smaller KV cache'),
+        )),
+    'OOM while serving, fewer sequences not allowed: the same flags after backoff': (
+        'CUDA ran out of memory while serving; restarting', (
+        )),
+    'OOM while serving at one sequence already: the same flags after backoff': (
+        'CUDA ran out of memory while serving; restarting', (
+        )),
+    "OOM while serving with no last good flags: vLLM's default for an 80 GB card halved": (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '512',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM while serving on a 24 GB card: 256 sequences halved': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM loading weights, CPU offload allowed': (
+        'offloading 4 GiB of weights to CPU leaves GPU memory for the KV cache (slow)', (
+            ('--cpu-offload-gb', None, '4',
+             'offloading 4 GiB of weights to CPU leaves GPU memory for the KV cache (slow)'),
+        )),
+    "the engine died saying why: the reason is vLLM's": (
+        'vLLM was killed by SIGKILL; relaunching with the last good flags', (
+        )),
+    "above the model's maximum, which the log does not say and the model is unknown": (
+        "--max-model-len is above the model's maximum, and the log does not say the maximum",
+        "set --max-model-len to the model's context length"),
+    "above the model's maximum: config.json's when the log does not say it": (
+        "the model's config allows at most 131072 tokens", (
+            ('--max-model-len', '200000', '131072',
+             "the model's config allows at most 131072 tokens"),
+        )),
+    "above the model's maximum, a length change not allowed": (
+        "--max-model-len is above the model's maximum, and the log does not say the maximum",
+        "set --max-model-len to the model's context length"),
+    'auto-fit above a request nobody can name': (
+        "vLLM's auto-fit chose a length above the request, but the request is unknown",
+        'set --max-model-len'),
+    'auto-fit above the length the log says was asked': (
+        "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits", (
+            ('--max-model-len', 'auto', '8192',
+             "vLLM's auto-fit found room for 9000 tokens, more than the 8192 asked for; 8192 fits"),
+        )),
+    'KV: neither a size nor a length: give up': (
+        'the KV cache is too small, and neither the log nor the flags say the current length',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'KV: the estimate no shorter than the length: halve instead': (
+        "the KV cache holds about 16384 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', '16384', '8192',
+             "the KV cache holds about 16384 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'KV on V0 0.6 with the model known: chunked prefill frees the whole-context profile': (
+        'vLLM V0 measured 20000 tokens while profiling all 32768 at once; in chunks of 2048 the profile frees room '
+        'for about 17969 more (estimated, 3% held back)', (
+            ('--enable-chunked-prefill', None, '',
+             'vLLM V0 measured 20000 tokens while profiling all 32768 at once; in chunks of 2048 the profile frees '
+             'room for about 17969 more (estimated, 3% held back)'),
+        )),
+    'KV below the floor, fp8 known unsupported: eager mode first (0.20+ counts graphs in the budget)': (
+        'only 1500 tokens fit, below the floor of 2048; no memory was left for the KV cache; eager mode frees what '
+        'CUDA graphs and compilation take', (
+            ('--enforce-eager', None, '',
+             'no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take'),
+        )),
+    'KV below the floor before 0.20: eager mode frees nothing for it, a smaller batch does': (
+        'only 1500 tokens fit, below the floor of 2048; a smaller batch lowers the activation peak that left no '
+        'room for KV', (
+            ('--max-num-batched-tokens', None, '1024',
+             'a smaller batch lowers the activation peak that left no room for KV'),
+        )),
+    'KV below the floor with fp8 already: give up, saying fp8 was tried': (
+        'the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048 even with fp8 KV',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'KV far below the floor on V0 with the model known: chunked prefill alone lifts it over': (
+        "the KV cache holds about 1200 tokens (vLLM's estimate), not 16384; with the changes below about 5220, "
+        'aligned down to the 16-token block', (
+            ('--max-model-len', '16384', '5216',
+             "the KV cache holds about 1200 tokens (vLLM's estimate), not 16384; with the changes below about "
+             '5220, aligned down to the 16-token block'),
+            ('--enable-chunked-prefill', None, '',
+             'vLLM V0 measured 1200 tokens while profiling all 16384 at once; in chunks of 2048 the profile frees '
+             'room for about 4145 more (estimated, 3% held back)'),
+        )),
+    "OOM allocating V0's KV cache with the free memory known: a share under it": (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.77 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.9', '0.77',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.77 stays under what they leave'),
+        )),
+    'OOM allocating the KV cache, nothing known: a step down': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.85 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.9', '0.85',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.85 stays under what they leave'),
+        )),
+    'OOM while profiling, everything tried: give up': (
+        'CUDA ran out of memory while profiling, and every allowed remedy has been tried',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    "OOM while profiling with the sequences vLLM warmed up unknown: vLLM's default halved": (
+        'CUDA ran out of memory warming up the dummy requests; 128 sequences need half the activation memory', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory warming up the dummy requests; 128 sequences need half the activation memory'),
+        )),
+    'two removed flags at once are both dropped': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed); '
+        '--disable-log-requests was removed in vLLM 0.17.0 (request logging is off by default '
+        '(--enable-log-requests))', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+            ('--disable-log-requests', '', None,
+             '--disable-log-requests was removed in vLLM 0.17.0 (request logging is off by default '
+             '(--enable-log-requests))'),
+        )),
+    "an unrecognized flag vLLM never removed is the user's to fix": (
+        'vLLM refused its configuration: vllm: error: unrecognized arguments: --max-modle-len 4096',
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'CUDA-graph OOM with the model known before 0.14: eager mode and the length that fits with it': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+            ('--max-model-len', None, '27424',
+             "with the relaunch's other flags, 131072 tokens do not fit in the KV cache at utilization 0.90; about "
+             "28784 by the plan's estimate, 27424 with its error band held back (block-aligned)"),
+        )),
+    'CUDA-graph OOM with the model known on V0: eager, the length, and chunked prefill it counts on': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+            ('--max-model-len', None, '27424',
+             "with the relaunch's other flags, 131072 tokens do not fit in the KV cache at utilization 0.90; about "
+             "28784 by the plan's estimate, 27424 with its error band held back (block-aligned)"),
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; in chunks the profile takes less '
+             'memory, and the KV cache more'),
+        )),
+    'CUDA-graph OOM with the model known, a length the plan says fits: eager mode alone': (
+        'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture', (
+            ('--enforce-eager', None, '',
+             'capturing CUDA graphs failed or ran out of memory; eager mode skips the capture'),
+        )),
+    'CUDA-graph OOM with eager mode on and every profiling remedy tried: give up': (
+        'CUDA ran out of memory while profiling, and every allowed remedy has been tried',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'OOM while serving on an A100 80GB: 256 sequences (vLLM gives the A100 the small defaults)': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    'OOM while serving on the CPU build: 128 sequences a rank, halved': (
+        'CUDA ran out of memory while serving', (
+            ('--max-num-seqs', None, '64',
+             'CUDA ran out of memory while serving; fewer concurrent sequences need less activation memory'),
+        )),
+    "no KV memory on V0 with a long context: chunked prefill's 2048-token chunks are the batch": (
+        'a smaller batch lowers the activation peak that left no room for KV', (
+            ('--max-num-batched-tokens', None, '1024',
+             'a smaller batch lowers the activation peak that left no room for KV'),
+        )),
+    "too few GPUs: vLLM's numbers name what was asked and found": (
+        'vLLM needs 4 GPUs, only 2 are available: lower --tensor-parallel-size',
+        ''),
+    "the classifier's own words for a refusal it explains": (
+        'ValueError: bad value: set --dtype half',
+        ''),
+    'a long refusal is cut at 300 characters': (
+        'vLLM refused its configuration: ValueError: '
+        'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy',
+        "fix the model name, the arguments or the environment named in vLLM's line, then start again"),
+    'fp8 KV refused (kv_cache_dtype) after the guard set it, with no KV failure on record': (
+        'this GPU refuses fp8 KV cache, and without it the KV cache is below the floor',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    "fp8 KV refused (kv cache dtype), the KV failure's evidence cut at 200 characters": (
+        'this GPU refuses fp8 KV cache, and without it the KV cache is below the floor (ValueError: '
+        'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz)',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'fp8 KV refused (--kv-cache-dtype) that the user asked: theirs to change': (
+        "vLLM refused its configuration: error: argument --kv-cache-dtype: invalid choice: 'fp8'",
+        'remove or correct the flag vLLM names; check it against `vllm serve --help` of the installed version'),
+    'chunked prefill refused twice: the undo was tried, give up': (
+        'vLLM refused its configuration: ValueError: Sliding window is not supported with chunked prefill',
+        'this GPU or this vLLM does not support what was asked: choose a --dtype, --quantization or '
+        '--kv-cache-dtype it supports, or another vLLM version'),
+    'a removed flag given as --flag=value is dropped': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    'a flag vLLM calls unrecognized before the release the table says removed it: dropped, with why': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    "a length above the model's maximum that is the maximum: no remedy changes anything": (
+        'max_len_exceeds_model: no remedy changes anything',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'a removed flag, the version known from the start-up and not the log': (
+        '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)', (
+            ('--swap-space', '4', None,
+             '--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)'),
+        )),
+    'no KV memory, every step of the ladder tried: give up': (
+        'the weights and activations leave no memory for the KV cache, and every allowed remedy has been tried',
+        'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
+        'processes'),
+    'V0 known from the log alone (the start-up found no version): chunked prefill stays on below 32768': (
+        "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '30864',
+             "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to "
+             'the 16-token block'),
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory '
+             'profile, and so the KV cache, as measured'),
+        )),
+    'the length served, as vLLM printed it, when no flag set it': (
+        "the KV cache holds about 20000 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '20000',
+             "the KV cache holds about 20000 tokens (vLLM's estimate), not 32768; 20000 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'the length from config.json when neither the flag nor the log says it': (
+        "the KV cache holds about 20000 tokens (vLLM's estimate), not 131072; 20000 is that, aligned down to the "
+        '16-token block', (
+            ('--max-model-len', None, '20000',
+             "the KV cache holds about 20000 tokens (vLLM's estimate), not 131072; 20000 is that, aligned down to "
+             'the 16-token block'),
+        )),
+    'no KV memory on V0 at exactly 32768 tokens: vLLM chunks by itself only above, the guard asks': (
+        'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory profile, '
+        'and so the KV cache, as measured', (
+            ('--enable-chunked-prefill', None, '',
+             'below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory '
+             'profile, and so the KV cache, as measured'),
+        )),
+    'OOM allocating the KV cache at a share of three decimals: 0.05 down, to two': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.88 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.925', '0.88',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.88 stays under what they leave'),
+        )),
+    'OOM allocating the KV cache at 0.10: 0.05 is still a share': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.05 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.1', '0.05',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.05 stays under what they leave'),
+        )),
+    'OOM allocating the KV cache, the free memory known but not the total: a step down': (
+        "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+        '0.85 stays under what they leave', (
+            ('--gpu-memory-utilization', '0.9', '0.85',
+             "CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted "
+             'on; 0.85 stays under what they leave'),
+        )),
+    "free memory: the share left cannot hold a rank's weights (TP 2, some offloaded)": (
+        "only 5.0 of 22.06 GiB is free on the GPU: at 0.22 vLLM could use 4.85 GiB, less than the model's weights "
+        '(5.48 GiB per rank)',
+        'free the GPU (see the processes holding it)'),
+    'CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences': (
+        'CUDA ran out of memory warming up 256 dummy requests; 128 sequences need half the activation memory', (
+            ('--max-num-seqs', None, '128',
+             'CUDA ran out of memory warming up 256 dummy requests; 128 sequences need half the activation memory'),
+        )),
+}
+
+
+def test_every_row_but_one_is_written_out_in_full():
+    assert set(WHOLE) == {r.name for r in ROWS} - {"never above what the user asked"}
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.name in WHOLE], ids=lambda r: r.name)
+def test_one_decision_in_full(row: Row) -> None:
+    asked = Flags.parse(row.flags if row.asked is None else row.asked)
+    out = R.decide(row.failure, Flags.parse(row.flags), R.Context(requested=asked, **row.knows))
+    if isinstance(out, R.GiveUp):
+        assert (out.reason, out.advice) == WHOLE[row.name]
+    else:
+        assert (out.why, tuple((c.flag, c.old, c.new, c.why) for c in out.changes)) == WHOLE[row.name]
+
+
+@pytest.mark.parametrize("row", MORE, ids=lambda r: r.name)
+def test_one_more_decision(row: Row) -> None:
+    test_one_decision(row)
+    asked = Flags.parse(row.flags if row.asked is None else row.asked)
+    out = R.decide(row.failure, Flags.parse(row.flags), R.Context(requested=asked, **row.knows))
+    if isinstance(out, R.GiveUp):
+        assert (out.reason, out.advice) == MORE_WHOLE[row.name]
+    else:
+        assert (out.why, tuple((c.flag, c.old, c.new, c.why) for c in out.changes)) == MORE_WHOLE[row.name]
+
+
+def test_the_plan_ahead_takes_only_a_remedy_that_relaunches_at_once():
+    """The first launch takes the remedy for a failure the plan foresees only when the policy would
+    relaunch at once with other flags: not a kind it does not know, not giving up, not a backoff."""
+    ctx = R.Context(requested=Flags())
+    assert R.plan_ahead("no_such_kind", Flags(), ctx) is None
+    assert R.plan_ahead("engine_dead", Flags(), ctx) is None                  # the same flags after a backoff
+    assert R.plan_ahead("oom_weights", Flags(), ctx) is None                  # giving up
+    eager = R.plan_ahead("oom_cudagraph", Flags(), ctx)
+    assert eager is not None and eager.flags.argv() == ["--enforce-eager"] and not eager.backoff
+
+
+# The plan sizes these (its memory model is docs/memory-model.md's, tested in test_plan*.py): the
+# relaunch's own arithmetic is written out, the plan's numbers are held to their shape.
+PLANNED = [
+    # 19.06 of 22.06 GiB free: 19.06 / 22.06 = 0.864, less the 0.005 margin -> 0.85 (0.32 counts CUDA
+    # graphs in its budget, so no room is left for them); from 0.14 the length is vLLM's auto-fit
+    (D(FREE, free_gib=19.06, total_gib=22.06), "", {"sizing": sized("0.32.0"), "vllm_version": "0.32.0", **L4_FACTS},
+     r"--gpu-memory-utilization 0\.85 --max-model-len auto", "gpu_memory_utilization_free",
+     [r"only 19\.06 of 22\.06 GiB is free \(other processes hold the rest\); 0\.85 stays under it",
+      r"131072 tokens do not fit in the KV cache at utilization 0\.85; about \d+ by the plan's estimate, so vLLM "
+      r"sizes the length to the KV cache it measures \(auto\), held between 2048 and 131072"]),
+    # before 0.20 the graphs are captured outside the budget: the plan leaves them room, so the share is
+    # below 0.85; before 0.14 the length is a number, block-aligned
+    (D(FREE, free_gib=19.06, total_gib=22.06), "", {"sizing": sized("0.10.2"), "vllm_version": "0.10.2", **L4_FACTS},
+     r"--gpu-memory-utilization 0\.(8[0-4]|[5-7]\d) --max-model-len \d+", "gpu_memory_utilization_free",
+     [r"only 19\.06 of 22\.06 GiB is free \(other processes hold the rest\); 0\.\d\d stays under it",
+      r"131072 tokens do not fit in the KV cache at utilization 0\.\d\d; about \d+ by the plan's estimate, \d+ "
+      r"with its error band held back \(block-aligned\)"]),
+    # vLLM measured 30000 tokens at 0.90 on a shared GPU before 0.20: the share leaves the graphs room,
+    # and the length is what then fits (fewer tokens, said with how many)
+    (D(KV, max_model_len=131072, fit_max_model_len=30000), "",
+     {"sizing": sized("0.10.2"), "vllm_version": "0.10.2", "gpu_total_gib": 22.06, "gpu_free_gib": 19.06},
+     r"--gpu-memory-utilization 0\.(8\d?|[5-7]\d?) --max-model-len \d+", "max_model_len",
+     [r"the KV cache holds about 30000 tokens \(vLLM's estimate\), not 131072; with the changes below about \d+, "
+      r"aligned down to the 16-token block",
+      r"other processes hold memory and this vLLM captures CUDA graphs outside its budget; 0\.\d+ leaves room for "
+      r"them \(about \d+ tokens fewer\)"]),
+]
+
+
+@pytest.mark.parametrize("failure,flags,knows,then,step,whys", PLANNED, ids=["free-0.32", "free-0.10", "kv-0.10"])
+def test_a_decision_the_plan_sizes(failure, flags, knows, then, step, whys):
+    out = R.decide(failure, Flags.parse(flags), R.Context(requested=Flags.parse(flags), **knows))
+    assert isinstance(out, R.Relaunch) and out.step == step and not out.backoff
+    assert re.fullmatch(then, " ".join(out.flags.argv())), out.flags.argv()
+    assert len(out.changes) == len(whys)
+    assert all(re.fullmatch(w, c.why) for w, c in zip(whys, out.changes, strict=True)), [c.why for c in out.changes]
+    length = out.flags.get("--max-model-len")
+    assert length == "auto" or (int(length) % 16 == 0 and int(length) < 131072)
+    assert out.why == out.changes[0].why or out.why.startswith("only 19.06 of 22.06 GiB is free")

@@ -13,9 +13,9 @@ from structlog.testing import capture_logs
 
 from supervisor.config import GuardConfig
 from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.flags import Flags
 from supervisor.core.remedy import Change
 from supervisor.core.session import DIED, FAILED, End, Facts, Launch, Outcome, Session
-from supervisor.core.flags import Flags
 from supervisor.errors import EX_TEMPFAIL
 from supervisor.shell import history
 from supervisor.shell.report import Report, context_text
@@ -67,7 +67,8 @@ def test_a_failed_launch_is_one_event_everywhere(tmp_path):
     assert ended["event"].startswith("launch 1 failed: kv_cache_insufficient: ValueError: To serve")
     assert ended["exit"] == "vLLM exited with code 1"
     (record,) = history.read(str(tmp_path))
-    assert record["outcome"] == "failed" and record["evidence"] == KV_LINE and record["measured"]["available_kv_gib"] == 5.08
+    assert record["outcome"] == "failed" and record["evidence"] == KV_LINE
+    assert record["measured"]["available_kv_gib"] == 5.08
     assert [b["event"] for b in bodies] == ["launch_failed"] and bodies[0]["kind"] == "kv_cache_insufficient"
     assert 'outcome="failed"' in metric(report, "vllm_guard_launches_total")
 
@@ -153,3 +154,40 @@ def test_an_exit_the_guard_caused_is_not_told_as_vllms_own(tmp_path):
     logs, _, report = told(tmp_path, events)
     assert logs[-1]["exit"] == "stopped by the guard (vLLM was killed by SIGINT)"
     assert report.history.records[0]["exit"] == "stopped by the guard (vLLM was killed by SIGINT)"
+
+
+def test_status_names_the_phase_the_url_the_last_failure_healed_and_the_memory_vllm_printed(tmp_path):
+    from supervisor.core.gpus import GpuDevice
+    from supervisor.core.progress import Progress
+
+    GiB = 1 << 30
+    cfg = GuardConfig(model="org/m")
+    l4 = GpuDevice(0, "NVIDIA L4", int(23.55 * GiB), 0, int(23.55 * GiB), (8, 9), ())
+    session = Session(cfg, Facts(vllm_version="0.32.0", devices=(l4,), total_gib=23.55, free_gib=23.55),
+                      rng=random.Random(0))
+    session.first_launch()
+    session.launching()
+    failed = Outcome(FAILED, Diagnosis(Kind.KV_CACHE_INSUFFICIENT, KV_LINE, {"fit_max_model_len": 41568},
+                                       phase="kv_cache"), exit_code=1)
+    printed = {"model_loading_gib": 14.96, "available_kv_gib": 5.08}
+
+    def events(r: Report) -> None:
+        r.launching(1, cfg.launch_argv(session.current), {})
+        r.ended(failed, {})
+        r.launching(2, cfg.launch_argv(session.current), {})
+        r.progress = Progress(2, started_at=1000.0)
+        r.progress.line("Loading safetensors checkpoint shards:  40% Completed | 2/5", "loading")
+        r.vllm_line(b"Loading safetensors checkpoint shards:  40% Completed | 2/5")
+
+    _, _, report = told(tmp_path, events)
+    doc = report.status(session, pid=None, gpus=[], exit_reason="", numbers=printed)
+    assert doc["vllm"]["url"] == "http://127.0.0.1:8000"
+    assert doc["progress"]["text"] == "loading weights 40%" and doc["progress"]["launch"] == 2
+    assert doc["last_failure"]["kind"] == "kv_cache_insufficient" and doc["last_failure"]["healed"] is False
+    assert doc["summary"].startswith("starting: launch 2, loading weights 40%, ")
+    assert doc["summary"].endswith("; vLLM on http://127.0.0.1:8000; last failure kv_cache_insufficient (launch 1)")
+    assert doc["recent_output"] == ["Loading safetensors checkpoint shards:  40% Completed | 2/5"]
+    # vLLM's own figures: 23.55 GiB x 0.92 (0.32's default share) = 21.67; less weights and KV cache = 1.63
+    assert [list(seg) for seg in doc["memory"]["vllm"]["segments"]] == [
+        ["weights", 14.96], ["overhead", 1.63], ["kv_cache", 5.08], ["unused", 1.88]]
+    assert doc["memory"]["plan"] is None                 # no model config: nothing to plan from

@@ -6,17 +6,15 @@ Each planned launch is then run through the emulator the benchmark uses: it must
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import random
 from dataclasses import replace
+from pathlib import Path
 
+from benchmarks import matrix, render
 from supervisor import facts
 from supervisor.config import GuardConfig
 from supervisor.core.gpus import GpuDevice
 from supervisor.core.session import Session
-
-from benchmarks import matrix, render
 from tests.fakes import emulator as emu
 from tests.fakes.gpu import FakeProvider
 

@@ -211,7 +211,7 @@ def test_a_refusing_guard_gives_503(server, client, guard):
 
 
 def test_non_ascii_authorization_is_403_not_a_crash(server, guard):
-    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
+    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
     assert status_code(response) == 403
     assert guard.commands == []
 
@@ -236,7 +236,8 @@ def test_huge_header_is_refused_and_later_requests_work(server, client):
 
 
 def test_huge_body_is_413_without_reading_it(server, client, guard):
-    response = raw(server, b"POST /restart HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n" + AUTH_LINE + b"\r\n")
+    response = raw(server, b"POST /restart HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10000000\r\n"
+                   + AUTH_LINE + b"\r\n")
     assert status_code(response) == 413
     assert guard.commands == []
     assert client.get("/healthz").status_code == 200
@@ -248,7 +249,8 @@ def test_bad_content_length_is_400(server):
 
 
 def test_chunked_body_is_refused(server, guard):
-    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE + b"\r\n0\r\n\r\n")
+    response = raw(server, b"POST /stop HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n" + AUTH_LINE
+                   + b"\r\n0\r\n\r\n")
     assert status_code(response) == 411
     assert guard.commands == []
 
@@ -294,7 +296,7 @@ def test_trickling_client_hits_the_request_deadline(server):
                 if s.recv(1024) == b"":
                     closed = True
                     break
-            except socket.timeout:
+            except TimeoutError:
                 pass
             except ConnectionResetError:
                 closed = True
@@ -314,7 +316,7 @@ def test_over_the_cap_the_oldest_unfinished_request_makes_room(guard):
             for h in hogs:
                 h.sendall(b"GET /status HTTP/1.1\r\n")
                 time.sleep(0.1)                                        # the first is the oldest
-            assert status_code(raw(srv, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+            assert status_code(raw(srv, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")) == 200
             hogs[0].settimeout(5)
             assert hogs[0].recv(1) == b""                              # dropped to make room
             hogs[1].setblocking(False)
@@ -419,3 +421,99 @@ def test_an_empty_token_is_refused():
 
 
 AUTH_LINE = f"Authorization: Bearer {TOKEN}\r\n".encode()
+
+
+# -- the page and the Host check (DNS rebinding) ------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from supervisor.shell.status_server import _host_allowed  # noqa: E402
+
+
+def test_the_page_is_html_with_a_strict_policy(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'sha256-" in csp and "style-src 'sha256-" in csp
+    assert "'unsafe-inline'" not in csp and "frame-ancestors 'none'" in csp and "connect-src 'self'" in csp
+    assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+    assert TOKEN not in r.text and "hf_zyxwvutsrqponmlkjihgfedcba" not in r.text   # redacted like /status
+    assert client.head("/").status_code == 200 and client.head("/").content == b""
+    assert client.post("/", headers=AUTH).status_code == 405
+
+
+def test_the_page_survives_a_snapshot_failure_with_a_500(server, client):
+    server.snapshot = lambda: 1 / 0
+    assert client.get("/").status_code == 500
+    assert client.get("/healthz").status_code == 200
+
+
+def _with_host(server: StatusServer, host: bytes, path: bytes = b"/healthz") -> int | None:
+    return status_code(raw(server, b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n"))
+
+
+def test_a_loopback_endpoint_answers_its_own_address_and_localhost(server):
+    port = str(server.port).encode()
+    for host in (b"127.0.0.1:" + port, b"localhost:" + port, b"LocalHost:" + port, b"127.0.0.1", b"localhost"):
+        assert _with_host(server, host) == 200, host
+    for host in (b"evil.example:" + port, b"evil.example", b"127.0.0.1.nip.io:" + port, b"localhost.:" + port,
+                 b"127.0.0.2:" + port, b"localhost:1" + port, b"[::1]:" + port, b"0.0.0.0:" + port):
+        assert _with_host(server, host) == 421, host
+    assert _with_host(server, b"evil.example", b"/status") == 421       # nothing to read...
+    assert status_code(raw(server, b"POST /stop HTTP/1.1\r\nHost: evil.example\r\n" + AUTH_LINE + b"\r\n")) == 421
+
+
+_NAME = st.text(alphabet=st.characters(codec="ascii", categories=("L", "N", "P")), min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.one_of(_NAME, st.sampled_from(["localhost", "LOCALHOST", "127.0.0.1", "[::1]", "::1", "localhost."])),
+       port=st.one_of(st.none(), st.integers(0, 70000), st.text(max_size=6)))
+def test_a_host_is_accepted_only_when_it_names_the_bound_address_or_localhost(name, port):
+    host = name if port is None else f"{name}:{port}"
+    allowed = name.lower() in ("localhost", "127.0.0.1") and (port is None or str(port) == "8077")
+    assert _host_allowed(host, "127.0.0.1", 8077) is allowed
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(host=st.binary(min_size=1, max_size=40).filter(lambda b: b"\r" not in b and b"\n" not in b))
+def test_no_generated_host_but_ours_reaches_a_route(server, host):
+    code = _with_host(server, host)
+    if host.lower().decode("latin-1").strip() in ("localhost", "127.0.0.1", f"localhost:{server.port}",
+                                                   f"127.0.0.1:{server.port}"):
+        assert code == 200
+    else:
+        assert code in (400, 421), (host, code)      # h11 refuses what is not a header value at all
+
+
+def test_ipv6_loopback_answers_its_bracketed_address(guard):
+    srv = StatusServer("::1", 0, TOKEN, lambda: guard.snap, guard.command, Metrics(), lambda: True)
+    try:
+        with serving(srv):
+            with socket.create_connection(("::1", srv.port), timeout=5) as s:
+                s.sendall(f"GET /healthz HTTP/1.1\r\nHost: [::1]:{srv.port}\r\n\r\n".encode())
+                assert s.recv(100).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("::1", srv.port), timeout=5) as s:
+                s.sendall(f"GET /healthz HTTP/1.1\r\nHost: evil.example:{srv.port}\r\n\r\n".encode())
+                assert s.recv(100).startswith(b"HTTP/1.1 421")
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+
+
+def test_a_bind_by_the_name_localhost_answers_its_addresses():
+    assert _host_allowed("127.0.0.1:8077", "localhost", 8077) and _host_allowed("[::1]:8077", "localhost", 8077)
+    assert not _host_allowed("evil.example:8077", "localhost", 8077)
+
+
+def test_a_reachable_bind_takes_any_host(guard):
+    srv = StatusServer("0.0.0.0", 0, TOKEN, lambda: guard.snap, guard.command, Metrics(), lambda: True)
+    with serving(srv):
+        assert _with_host(srv, b"gpu-host.internal:8077") == 200   # its own names are many; the token guards POST
+
+
+def test_routes_are_one_table():
+    srv = StatusServer("127.0.0.1", 0, TOKEN, dict, lambda *a: None, Metrics(), lambda: True)
+    assert sorted(srv.routes) == [("GET", "/"), ("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/ready"),
+                                  ("GET", "/status"), ("POST", "/restart"), ("POST", "/stop")]
+    assert [p for (m, p), r in srv.routes.items() if r.token] == ["/restart", "/stop"]

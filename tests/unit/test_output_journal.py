@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor.core.vllm_text import CARRIERS
 from supervisor.shell import output
 
 # vLLM's levels (Python logging's names as vLLM's formatter prints them) and the syslog priority each is
@@ -108,3 +109,20 @@ def test_every_line_on_the_journal_starts_with_the_guards_priority(journal, line
         elif line.startswith(b"Traceback (most recent call last)"):
             level = 3
         assert got == f"<{level}>".encode() + line, (line, got)
+
+
+# A vLLM launched through a wrapper that prefixes its lines: the priority is the level behind the prefix,
+# read by the normaliser's carriers (each carrier's own example line, with vLLM's line in it).
+_ERROR_LINE = "(EngineCore_DP0 pid=9) ERROR 11-29 17:00:01 [core.py:1] EngineCore failed to start."
+_WARNING_LINE = "WARNING 11-29 17:00:02 [x.py:1] slow"
+
+
+@pytest.mark.parametrize("carrier", [c for c in CARRIERS if c.name != "priority"], ids=lambda c: c.name)
+def test_a_wrapped_vllms_line_gets_the_priority_of_the_level_behind_the_wrappers_prefix(journal, carrier):
+    read = journal(True)
+    out = output.VllmOutput(None)
+    lines = [carrier.example.replace("MSG", m).encode() for m in (_ERROR_LINE, _WARNING_LINE)]
+    for line in lines:
+        out.line(line, "stdout")
+    out.flush()
+    assert read() == [b"<3>" + lines[0], b"<4>" + lines[1]]

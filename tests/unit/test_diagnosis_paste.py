@@ -330,3 +330,21 @@ def test_compositions_of_pastes_keep_a_healthy_log_healthy(data: st.DataObject) 
     case = data.draw(st.sampled_from(HEALTHY + FIXTURE_HEALTHY), label="case")
     ps = [p for p in data.draw(pastes(case), label="pastes") if p.drops != "tail"]
     _check_healthy(case, ps)
+
+
+# --------------------------------------------------------------------------- every carrier x every message
+#: the catalogue's failure logs by message (row): each row has a log per vLLM version that prints it
+_BY_ROW: dict[str, list[cat.Case]] = {}
+for _case in FAILURES:
+    _BY_ROW.setdefault(_case.row, []).append(_case)
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIER_LINES))
+def test_every_carrier_with_every_catalogue_message_keeps_its_kind_phase_and_numbers(carrier: str) -> None:
+    """Not sampled: each carrier ships a log of every failure message of the catalogue (the version's log
+    taken in turn, so the carriers between them go through the versions), and every healthy log."""
+    k = sorted(CARRIER_LINES).index(carrier)
+    for cases in _BY_ROW.values():
+        _check_failure(cases[k % len(cases)], [_carrier(carrier)])
+    for case in HEALTHY:
+        _check_healthy(case, [_carrier(carrier)])

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from supervisor.config import RemedyConfig
 from supervisor.core import vllm
-from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.diagnosis import UNKNOWN_PHASE, Diagnosis, Kind
 from supervisor.core.flags import (
     BLOCK_SIZE,
     CHUNKED_PREFILL,
@@ -606,6 +606,9 @@ def _oom_weights(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     step = _no_kv_step("cpu_offload", d, current, ctx)
     if step is not None:
         return Relaunch(step.flags, step.changes, step.why, step="oom_weights:cpu_offload")
+    if d.phase == UNKNOWN_PHASE:     # nothing placed the OOM: say so, not that the weights were the cause
+        return GiveUp("CUDA ran out of memory and nothing in the log says where; read as the start-up's first "
+                      "phase, the model's weights may not fit in GPU memory", EX_TEMPFAIL, ADVICE)
     return GiveUp("the model's weights do not fit in GPU memory", EX_TEMPFAIL, ADVICE)
 
 

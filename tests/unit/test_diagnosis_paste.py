@@ -355,3 +355,21 @@ def test_a_json_line_that_never_closes_is_given_up_and_what_follows_is_read() ->
              "memory (4.00 GiB). Based on the available memory, the estimated maximum model length is 32768."]
     got = classify(lines, 1)
     assert got.kind.value == "kv_cache_insufficient" and got.numbers.get("fit_max_model_len") == 32768, got
+
+
+# --------------------------------------------------------------------------- every carrier x every message
+#: the catalogue's failure logs by message (row): each row has a log per vLLM version that prints it
+_BY_ROW: dict[str, list[cat.Case]] = {}
+for _case in FAILURES:
+    _BY_ROW.setdefault(_case.row, []).append(_case)
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIER_LINES))
+def test_every_carrier_with_every_catalogue_message_keeps_its_kind_phase_and_numbers(carrier: str) -> None:
+    """Not sampled: each carrier ships a log of every failure message of the catalogue (the version's log
+    taken in turn, so the carriers between them go through the versions), and every healthy log."""
+    k = sorted(CARRIER_LINES).index(carrier)
+    for cases in _BY_ROW.values():
+        _check_failure(cases[k % len(cases)], [_carrier(carrier)])
+    for case in HEALTHY:
+        _check_healthy(case, [_carrier(carrier)])

@@ -17,7 +17,7 @@ from typing import Any
 
 from supervisor.config import GuardConfig
 from supervisor.core import exits
-from supervisor.core.classifier import Classifier
+from supervisor.core.classifier import Classifier, place
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.progress import Progress
 from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
@@ -205,7 +205,7 @@ class Watcher:
                         self.hooks.on_unhealthy(r.error or f"HTTP {r.status}")
                         if failures >= t.health_failures:
                             code = await self.child.stop(t.stop_grace, self.hurry)
-                            d = self._verdict(code) if self.first_fatal else Diagnosis(
+                            d = self._verdict(code, healthy=True) if self.first_fatal else Diagnosis(
                                 Kind.ENGINE_DEAD,
                                 evidence=f"{failures} health probes failed in a row: {r.error}",
                                 phase="serving",
@@ -278,16 +278,18 @@ class Watcher:
             deadlines.append(collected - now)
         return max(0.01, min(deadlines))
 
-    def _verdict(self, code: int | None, ours: bool = True) -> Diagnosis:
-        """The classifier's verdict; the exit status counts only when vLLM exited by itself."""
+    def _verdict(self, code: int | None, ours: bool = True, healthy: bool = False) -> Diagnosis:
+        """The classifier's verdict; the exit status counts only when vLLM exited by itself. A failure
+        the log does not place (an OOM with no frames, no milestone) is placed where the live stream
+        was: serving once a probe answered, else the last milestone it printed."""
         d = self.classifier.diagnose(None if ours else code)
         if not d.names_a_failure and self._own_fatal is not None:
             return self._own_fatal       # our own auto-fit bounds, not a vLLM failure
-        return d
+        return place(d, "serving" if healthy else self.classifier.phase)
 
     def _ended(self, code: int | None, healthy_at: float | None, started: float,
                how: str) -> Outcome:
-        d = self._verdict(code, ours=False)
+        d = self._verdict(code, ours=False, healthy=healthy_at is not None)
         lost = self._lost
         if not d.names_a_failure:   # nothing in the log explains it
             phase = "serving" if healthy_at is not None else self.classifier.phase

@@ -161,6 +161,9 @@ def _set(current: Flags, flag: str, value: str | float | None, why: str, step: s
 
 
 # -- the rules --------------------------------------------------------------------------------
+_NO_SIZE = "no size printed"      # the KV rule's source when vLLM said how many tokens fit in no form
+
+
 def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     rules = ctx.rules
     block = _block(current, d, ctx)
@@ -176,29 +179,31 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         source = "the ratio of available to needed KV memory"
     if fit is None and length:
         fit = length // 2
-        source = "halving (vLLM printed no size)"
+        source = _NO_SIZE
     if fit is None:
         return GiveUp("the KV cache is too small, and neither the log nor the flags say the "
                       "current length", EX_TEMPFAIL, ADVICE)
-    fit = int(fit)
+    fit = estimate = int(fit)         # estimate: what vLLM printed (or the ratio gave), before the cap
     if cap:
         fit = min(fit, cap)
-    new_len = _align(fit, block)
     floor = rules.min_model_len
     kv_dtype = (current.get(KV_DTYPE) or "auto").lower()
     if source == "vLLM's estimate" and _allowed(ctx, "max_model_len"):
         try:
-            sized = _kv_resized(fit, length, cap, block, d, current, ctx)
+            sized = _kv_resized(fit, length, cap, block, d, current, ctx, estimate=estimate)
         except (ArithmeticError, ValueError, TypeError):
             sized = None       # the model's facts cannot size this (an unknown KV dtype ...)
         if sized is not None:
             return sized
+    new_len = _align(fit, block)
+    halved = bool(length and new_len >= length)       # no progress from the estimate: halve
+    if halved:
+        assert length is not None
+        new_len = _align(length // 2, block)
+    head, how = _length_why(estimate, source, length, cap, new_len, halved=halved)
     if new_len >= floor and _allowed(ctx, "max_model_len"):
-        if length and new_len >= length:
-            new_len = _align(length // 2, block)    # no progress from the estimate: halve
-        why = (f"the KV cache holds about {fit} tokens ({source}), not {length}; "
-               f"{new_len} is that, aligned down to the {block}-token block")
-        out = _set(current, MML, str(new_len), why, "max_model_len")
+        out = _set(current, MML, str(new_len), f"{head}; {how}, aligned down to the {block}-token block",
+                   "max_model_len")
         if length and length > 32768 >= new_len:
             # V0 measured this capacity with chunked prefill on (automatic above 32768); at the
             # new length it would profile the whole context and the KV cache would shrink.
@@ -206,6 +211,17 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             if extra:
                 return Relaunch(flags, out.changes + tuple(extra), out.why, step="max_model_len")
         return out
+    # what keeps the length where it is, in the numbers the rule has: too few tokens for the floor,
+    # or a length change not allowed
+    if head.startswith("the KV cache holds"):
+        short = (f"only {fit} tokens fit, below the floor of {floor}" if new_len < floor and fit < floor
+                 else f"only {new_len} tokens fit in whole {block}-token blocks, below the floor of {floor}"
+                 if new_len < floor
+                 else f"only {fit}" + (f" of the {length}" if length else "")
+                 + " tokens fit, and the remedies allowed do not include the length")
+    else:       # vLLM's figure is no help: the length it did not hold, and what the rule would make of it
+        short = f"{head}; " + (f"{how} in whole {block}-token blocks, below the floor of {floor}" if new_len < floor
+                               else "the remedies allowed do not include the length")
     if (kv_dtype == "auto" and _allowed(ctx, "kv_cache_fp8") and ctx.fp8_supported is not False
             and "kv_cache_fp8" not in ctx.tried):
         # fp8 halves bytes per token, so the same memory holds twice the tokens; on V0 chunked
@@ -215,9 +231,7 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         doubled = _align(min(2 * tokens, cap or 2 * tokens), block)
         if doubled >= floor:
             flags = current.set(KV_DTYPE, "fp8")
-            changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8",
-                              f"only {fit} tokens fit, below the floor of {floor}; "
-                              "fp8 KV doubles the capacity")]
+            changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8", f"{short}; fp8 KV doubles the capacity")]
             if chunked is not None:
                 flags = flags.set(CHUNKED)
                 changes.append(chunked[1])
@@ -235,13 +249,33 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             continue
         freed = _no_kv_step(step, d, current, ctx)
         if freed is not None:
-            return Relaunch(freed.flags, freed.changes,
-                            f"only {fit} tokens fit, below the floor of {floor}; " + freed.why,
-                            step=f"kv_small:{step}")
-    return GiveUp(
-        f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
-        + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),
-        EX_TEMPFAIL, ADVICE)
+            return Relaunch(freed.flags, freed.changes, f"{short}; " + freed.why, step=f"kv_small:{step}")
+    below = (f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
+             if short.startswith(f"only {fit} tokens fit, below") else short)
+    return GiveUp(below + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),
+                  EX_TEMPFAIL, ADVICE)
+
+
+def _length_why(estimate: int, source: str, length: int | None, cap: int | None, new_len: int, *,
+                halved: bool) -> tuple[str, str]:
+    """Why ``--max-model-len`` becomes ``new_len``, in the numbers the rule acted on: what the KV cache
+    holds (and where that figure came from) against the length that did not fit, and how ``new_len``
+    follows from them (before its alignment to the block)."""
+    if length and source == _NO_SIZE:
+        head = f"the KV cache cannot hold {length} tokens and vLLM printed no size for it"
+    elif length and estimate >= length:
+        head = f"the KV cache cannot hold {length} tokens, yet {source} gives {estimate}, no fewer"
+    else:
+        head = f"the KV cache holds about {estimate} tokens ({source})" + (f", not {length}" if length else "")
+    if halved or source == _NO_SIZE:
+        how = f"{new_len} is half of {length}"
+    elif cap and cap < estimate and (not length or cap < length):
+        how = f"{new_len} is the {cap} asked for"
+    elif length and estimate >= length:
+        how = f"{new_len} is {length}"
+    else:
+        how = f"{new_len} is that"
+    return head, how
 
 
 def _v0_chunked(fit: int, length: int | None, d: Diagnosis, current: Flags, ctx: Context) -> tuple[int, Change] | None:
@@ -265,14 +299,15 @@ def _v0_chunked(fit: int, length: int | None, d: Diagnosis, current: Flags, ctx:
 
 
 def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Diagnosis, current: Flags,
-               ctx: Context) -> Relaunch | None:
+               ctx: Context, *, estimate: int) -> Relaunch | None:
     """The length vLLM measured, corrected for what the relaunch's other changes do to the KV cache.
 
     With the model known (``ctx.sizing``), two changes are predictable from vLLM's own figure:
     V0 profiled the whole context at once (up to 32768 tokens), so chunked prefill frees that
     activation memory for the KV cache; and vLLM < 0.20 on a GPU other processes share captures
     CUDA graphs outside its budget, so the budget must leave room for them (else the next launch
-    fails at capture). None: no correction applies, the plain rule decides.
+    fails at capture). None: no correction applies, the plain rule decides. ``fit`` is vLLM's
+    ``estimate`` held to the length asked for (``cap``).
     """
     if ctx.sizing is None or not length:
         return None
@@ -304,9 +339,10 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     if new_len < ctx.rules.min_model_len:
         return None
     if new_len < length:
+        capped = f", held to the {cap} asked for" if cap and cap < tokens else ""
         changes.insert(0, Change(MML, current.get(MML), str(new_len), (
-            f"the KV cache holds about {fit} tokens (vLLM's estimate), not {length}; with the changes below "
-            f"about {tokens}, aligned down to the {block}-token block")))
+            f"the KV cache holds about {estimate} tokens (vLLM's estimate), not {length}; with the changes below "
+            f"about {tokens}{capped}, aligned down to the {block}-token block")))
         flags = flags.set(MML, str(new_len))
         if length > 32768 >= new_len:
             flags, extra = _with_chunked_prefill(flags, d, ctx, None)
@@ -321,8 +357,8 @@ def _auto_fit_above(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     if not asked:
         return GiveUp("vLLM's auto-fit chose a length above the request, but the request is unknown",
                       EX_CONFIG, "set --max-model-len")
-    why = (f"vLLM's auto-fit found room for {chosen} tokens, more than the {asked} asked for; "
-           f"{asked} fits")
+    room = f"room for {chosen} tokens" if chosen else "a length"
+    why = f"vLLM's auto-fit found {room}, more than the {asked} asked for; {asked} fits"
     return _set(current, MML, str(asked), why, "max_model_len_asked")
 
 

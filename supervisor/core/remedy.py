@@ -414,25 +414,38 @@ def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: fl
                                   margin=ctx.rules.utilization_margin), None
 
 
+#: The least KV cache (GiB) the guard gives the CPU backend: less holds no useful context.
+CPU_KV_LEAST_GIB = 0.25
+
+
 def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     """The CPU backend was given a KV cache size larger than its NUMA node has available. vLLM
     applies VLLM_CPU_KVCACHE_SPACE over ``--kv-cache-memory-bytes``, so only a size given by the
     flag alone can be lowered; an environment variable is for a person to change."""
     free, total, asked = float(_num(d, "free_gib") or 0), _num(d, "total_gib"), _num(d, "cpu_kv_gib")
     fits = max(0.0, free * 0.9)               # other processes' memory moves; keep a tenth back
-    advice = (f"set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most {math.floor(fits)} GiB, "
-              "or free memory on this machine")
-    if ctx.cpu_kv_space_gib is not None or not current.has(KV_BYTES):
-        return GiveUp(f"the KV cache was set to {asked} GiB, but only {free} of {total} GiB of CPU memory is "
-                      "available (VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your "
-                      "environment)", EX_CONFIG, advice)
-    if fits < 0.25 or not _allowed(ctx, "gpu_memory_utilization"):    # the memory-share remedy
-        return GiveUp(f"only {free} of {total} GiB of CPU memory is available for the KV cache", EX_TEMPFAIL, advice)
     new_bytes = int(fits * GiB) // (1 << 20) * (1 << 20)
+    available = f"only {free}" + (f" of {total}" if total else "") + " GiB of CPU memory is available"
+    # The advice is a size vLLM can be given: VLLM_CPU_KVCACHE_SPACE counts whole GiB (vLLM reads it
+    # with int(), and 0 is a KV cache of nothing); below a GiB only the flag can say it, and it wins
+    # only with the variable unset; below the least KV cache worth a launch, nothing fits.
+    if fits < CPU_KV_LEAST_GIB:
+        advice = f"no KV cache fits in the {free} GiB of CPU memory available: free memory on this machine"
+    elif fits < 1:
+        advice = (f"unset VLLM_CPU_KVCACHE_SPACE (it counts whole GiB, and less than 1 GiB is available) and set "
+                  f"--kv-cache-memory-bytes to at most {new_bytes} ({new_bytes / GiB:.2f} GiB), or free memory "
+                  "on this machine")
+    else:
+        advice = (f"set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most {math.floor(fits)} GiB, "
+                  "or free memory on this machine")
+    if ctx.cpu_kv_space_gib is not None or not current.has(KV_BYTES):
+        return GiveUp(f"the KV cache was set to {asked} GiB, but {available} (VLLM_CPU_KVCACHE_SPACE decides it, "
+                      "and vllm-guard does not change your environment)", EX_CONFIG, advice)
+    if fits < CPU_KV_LEAST_GIB or not _allowed(ctx, "gpu_memory_utilization"):    # the memory-share remedy
+        return GiveUp(f"{available} for the KV cache", EX_TEMPFAIL, advice)
     flags = current.set(KV_BYTES, str(new_bytes))
     changes = [Change(KV_BYTES, current.get(KV_BYTES), str(new_bytes),
-                      f"only {free} of {total} GiB of CPU memory is available; "
-                      f"{new_bytes / GiB:.2f} GiB stays under it")]
+                      f"{available}; {new_bytes / GiB:.2f} GiB stays under it")]
     length = _length(current, d, ctx)
     # the model's KV bytes per token say whether the length still fits (without them, vLLM will say)
     planned = _plan(ctx, flags, total_gib=float(total or 0), free_gib=None) if total else None

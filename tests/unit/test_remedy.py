@@ -538,6 +538,10 @@ MORE = [
     # -- the CPU build's KV space -----------------------------------------------------------------
     Row("CPU build: too little memory left for any KV cache", D(FREE, free_gib=0.2, total_gib=9.59, cpu_kv_gib=64.0),
         "--kv-cache-memory-bytes 64G", gives_up=EX_TEMPFAIL),
+    Row("CPU build: under a GiB free, the variable (whole GiB) cannot say it: the flag's bytes",
+        D(FREE, free_gib=0.8, total_gib=9.59, cpu_kv_gib=64.0), knows={"cpu_kv_space_gib": 64.0}, gives_up=EX_CONFIG,
+        # 0.8 x 0.9 = 0.72 GiB = 773094113 bytes, down to whole MiB: 737 x 2**20 = 772800512
+        says="at most 772800512 (0.72 GiB)"),
     Row("CPU build: the share may not be changed", D(FREE, free_gib=7.96, total_gib=9.59, cpu_kv_gib=64.0),
         "--kv-cache-memory-bytes 64G", knows={"rules": RemedyConfig(allowed=("max_model_len",))},
         gives_up=EX_TEMPFAIL),
@@ -756,9 +760,16 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
     'CPU build: a node figure names CPU memory when nothing is left': (
         'only 0.2/9.59 GiB is free on CPU memory; other processes hold the rest',
         'free CPU memory (see the processes holding it)'),
+    # 0.2 x 0.9 = 0.18 GiB, under the 0.25 GiB least KV cache: no size to advise ("at most 0 GiB" was one,
+    # and VLLM_CPU_KVCACHE_SPACE=0 is a KV cache of nothing)
     'CPU build: too little memory left for any KV cache': (
         'only 0.2 of 9.59 GiB of CPU memory is available for the KV cache',
-        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 0 GiB, or free memory on this machine'),
+        'no KV cache fits in the 0.2 GiB of CPU memory available: free memory on this machine'),
+    "CPU build: under a GiB free, the variable (whole GiB) cannot say it: the flag's bytes": (
+        'the KV cache was set to 64.0 GiB, but only 0.8 of 9.59 GiB of CPU memory is available '
+        '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
+        'unset VLLM_CPU_KVCACHE_SPACE (it counts whole GiB, and less than 1 GiB is available) and set '
+        '--kv-cache-memory-bytes to at most 772800512 (0.72 GiB), or free memory on this machine'),
     'CPU build: the share may not be changed': (
         'only 7.96 of 9.59 GiB of CPU memory is available for the KV cache',
         'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),

@@ -8,7 +8,8 @@ new value ('now'), the estimate it quotes is the one vLLM printed, and the arith
 (aligned down to the block, half of the length, under the free memory) holds. A text that says
 "holds about 16384 tokens, not 16384; 8192 is that" fails here whatever row produced it.
 
-And none prints a figure it does not have (``None``).
+The second class: no message gives a zero, negative or absurd size as advice, and none prints a
+figure it does not have (``None``); when nothing fits, the message says so.
 """
 
 from __future__ import annotations
@@ -161,6 +162,10 @@ def check_change(case: Case, c: R.Change) -> int:
 def check_words(text: str) -> None:
     """No figure the guard does not have, and no size given as advice that is none."""
     assert "None" not in text and "nan" not in text, text
+    for m in re.finditer(rf"(?:at most|to) (-?{FLOAT}) GiB", text):
+        assert float(m[1]) > 0, text
+    for m in re.finditer(r"(-\d+(?:\.\d+)?) GiB", text):
+        raise AssertionError(f"a negative size: {m[0]!r} in {text!r}")
 
 
 def check(case: Case) -> R.Decision:
@@ -311,3 +316,27 @@ def test_every_kv_reason_says_the_numbers_it_acted_on(case: Case) -> None:
 @given(cases(other_failures()))
 def test_every_other_reason_says_the_numbers_it_acted_on(case: Case) -> None:
     check(case)
+
+
+@settings(max_examples=300, deadline=None)
+@given(free=st.floats(0.0, 64.0, allow_nan=False).map(lambda f: round(f, 2)),
+       env=st.booleans(), flag=st.booleans(), total=st.sampled_from([9.59, 62.8]))
+def test_the_cpu_kv_space_advice_is_a_size_vllm_can_be_given_or_says_nothing_fits(free, env, flag, total):
+    """VLLM_CPU_KVCACHE_SPACE is whole GiB (vLLM reads it with int(); 0 is a KV cache of nothing), the
+    flag any number of bytes; a tenth of what is free is held back (other processes' memory moves),
+    and a KV cache under 0.25 GiB is none worth a launch."""
+    d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={"free_gib": free, "total_gib": total, "cpu_kv_gib": 64.0})
+    flags = Flags.parse("--kv-cache-memory-bytes 64G" if flag else "")
+    out = check(Case(d, flags, R.Context(requested=flags, cpu_kv_space_gib=64.0 if env else None)))
+    room = free * 0.9
+    if isinstance(out, R.Relaunch):
+        size = int(out.flags.get("--kv-cache-memory-bytes") or 0)
+        assert 0.25 * GiB <= size <= room * GiB
+        return
+    if whole := re.search(r"VLLM_CPU_KVCACHE_SPACE \(or --kv-cache-memory-bytes\) to at most (\d+) GiB", out.advice):
+        assert 1 <= int(whole[1]) <= room < int(whole[1]) + 1
+    elif part := re.search(r"--kv-cache-memory-bytes to at most (\d+) \(", out.advice):
+        assert 0.25 <= room < 1 and 0.25 * GiB <= int(part[1]) <= room * GiB
+        assert "unset VLLM_CPU_KVCACHE_SPACE" in out.advice       # it wins over the flag
+    else:
+        assert room < 0.25 and out.advice.startswith(f"no KV cache fits in the {free} GiB"), out.advice

@@ -12,6 +12,7 @@ backoff -- is :mod:`supervisor.core.session`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -56,6 +57,17 @@ class Change:
     old: str | None
     new: str | None
     why: str
+
+
+def combined(*steps: Iterable[Change]) -> tuple[Change, ...]:
+    """The changes of steps taken one after another (the plan's, then a remedy's), one per flag: its
+    first 'was', its last 'now', the reasons in order; a flag that ends where it began is no change.
+    What a person reads about a launch then names each flag once, at the value it is launched with."""
+    out: dict[str, Change] = {}
+    for c in (c for step in steps for c in step):
+        before = out.get(c.flag)
+        out[c.flag] = c if before is None else Change(c.flag, before.old, c.new, f"{before.why}; then {c.why}")
+    return tuple(c for c in out.values() if c.old != c.new)
 
 
 @dataclass(frozen=True)
@@ -521,8 +533,11 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
         now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
         target = vllm.default_utilization(ctx.vllm_version)
         if ctx.gpu_free_gib and ctx.gpu_total_gib:
-            target = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
-                                            margin=rules.utilization_margin)
+            # the most vLLM can take from what is free, and before 0.20 less the room for the CUDA graphs
+            # it captures outside its share (the plan's room, which this step must not take back)
+            most = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
+                                          margin=rules.utilization_margin)
+            target, _ = _share_under_free(current, ctx, most, free_gib=ctx.gpu_free_gib, total_gib=ctx.gpu_total_gib)
         asked = ctx.requested.get_float(UTIL)
         if asked is not None:
             target = min(target, asked)     # a share the user set is a ceiling (a shared GPU's neighbours)

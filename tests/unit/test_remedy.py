@@ -726,6 +726,18 @@ MORE += [
     Row("free memory: the share left cannot hold a rank's weights (TP 2, some offloaded)",
         D(FREE, free_gib=5.0, total_gib=22.06), "-tp 2 --cpu-offload-gb 2",
         knows={"sizing": Sizing(LLAMA, gpus=2, vllm_version="0.32.0"), **L4_FACTS}, gives_up=EX_TEMPFAIL),
+    # the share the no-KV ladder raises to, all 22.06 GiB free: (22.06 - 0.4 context) / 22.06 - 0.005 = 0.9769
+    # -> 0.97; before 0.20 with CUDA graphs (captured outside the share) the 0.5 GiB the plan leaves them at
+    # least comes off too: (22.06 - 0.5 - 0.4) / 22.06 - 0.005 = 0.9542 -> 0.95
+    Row("no KV memory before 0.20: the share raised leaves the CUDA graphs their room",
+        D(NO_KV), "--gpu-memory-utilization 0.6", asked="", knows={"vllm_version": "0.10.2", **L4_FACTS},
+        then="--gpu-memory-utilization 0.95", step="no_kv:gpu_memory_utilization"),
+    Row("no KV memory before 0.20 in eager mode: no graphs, all the share free memory allows",
+        D(NO_KV), "--gpu-memory-utilization 0.6 --enforce-eager", asked="", knows={"vllm_version": "0.10.2", **L4_FACTS},
+        then="--gpu-memory-utilization 0.97 --enforce-eager", step="no_kv:gpu_memory_utilization"),
+    Row("no KV memory from 0.20: graphs are in the share, all of it free memory allows",
+        D(NO_KV), "--gpu-memory-utilization 0.6", asked="", knows={"vllm_version": "0.32.0", **L4_FACTS},
+        then="--gpu-memory-utilization 0.97", step="no_kv:gpu_memory_utilization"),
     Row("CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences",
         D(Kind.OOM_CUDAGRAPH, num_dummy_requests=256), "--enforce-eager",
         then="--enforce-eager --max-num-seqs 128", step="oom_profile:max_num_seqs"),
@@ -1052,6 +1064,21 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
         "only 5.0 of 22.06 GiB is free on the GPU: at 0.22 vLLM could use 4.85 GiB, less than the model's weights "
         '(5.48 GiB per rank)',
         'free the GPU (see the processes holding it)'),
+    'no KV memory before 0.20: the share raised leaves the CUDA graphs their room': (
+        'no memory was left for the KV cache at 0.60; 0.95 gives vLLM more', (
+            ('--gpu-memory-utilization', '0.6', '0.95',
+             'no memory was left for the KV cache at 0.60; 0.95 gives vLLM more'),
+        )),
+    'no KV memory before 0.20 in eager mode: no graphs, all the share free memory allows': (
+        'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more', (
+            ('--gpu-memory-utilization', '0.6', '0.97',
+             'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more'),
+        )),
+    'no KV memory from 0.20: graphs are in the share, all of it free memory allows': (
+        'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more', (
+            ('--gpu-memory-utilization', '0.6', '0.97',
+             'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more'),
+        )),
     'CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences': (
         'CUDA ran out of memory warming up 256 dummy requests; 128 sequences need half the activation memory', (
             ('--max-num-seqs', None, '128',

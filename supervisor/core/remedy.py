@@ -351,10 +351,11 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     if new_len < ctx.rules.min_model_len:
         return None
     if new_len < length:
-        capped = f", held to the {cap} asked for" if cap and cap < tokens else ""
+        capped = "" if not cap or cap >= tokens else (
+            f", held to the {cap} asked for" if ctx.requested.get_int(MML) else f", held to the {cap} launched")
+        head, _ = _length_why(estimate, "vLLM's estimate", length, cap, new_len, halved=False)
         changes.insert(0, Change(MML, current.get(MML), str(new_len), (
-            f"the KV cache holds about {estimate} tokens (vLLM's estimate), not {length}; with the changes below "
-            f"about {tokens}{capped}, aligned down to the {block}-token block")))
+            f"{head}; with the changes below about {tokens}{capped}, aligned down to the {block}-token block")))
         flags = flags.set(MML, str(new_len))
         if length > 32768 >= new_len:
             flags, extra = _with_chunked_prefill(flags, d, ctx, None)
@@ -473,25 +474,30 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         return _cpu_kv_space(d, current, ctx)
     printed = bool(_num(d, "free_gib") and _num(d, "total_gib"))
     free, total = _num(d, "free_gib") or ctx.gpu_free_gib, _num(d, "total_gib") or ctx.gpu_total_gib
+    share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
+    cpu = kv_auto is not None or bool(_num(d, "cpu_node"))
+    device = "CPU memory" if cpu else "the GPU"
     if not free or not total or not _allowed(ctx, "gpu_memory_utilization"):
-        return GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
-                      "free the GPU, or lower --gpu-memory-utilization")
+        return GiveUp(f"other processes hold the {'CPU' if cpu else 'GPU'} memory vLLM asked for", EX_TEMPFAIL,
+                      f"free {device}, or lower --gpu-memory-utilization")
     free, total = float(free), float(total)
     # vLLM measures free memory after creating its CUDA context; NVML's figure still includes it.
     context = 0 if printed else vllm.CUDA_CONTEXT_BYTES
     current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
-    share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
-    device = "CPU memory" if (kv_auto or _num(d, "cpu_node")) else "the GPU"
     planned = None
-    if share and kv_auto:
-        # the CPU backend's share holds the worker's memory and then the KV cache: shrink the share
-        # by what the KV cache lacked
+    # The CPU backend's share holds the worker's memory and then the KV cache. vLLM refuses it when the
+    # KV cache's part is more than is available (the share shrinks by what it lacked) or is nothing
+    # (kv_auto <= 0: the worker's own memory fills the share, which grows by what is available).
+    moved = bool(share and kv_auto is not None and (kv_auto <= 0 or kv_auto > free))
+    grows = moved and kv_auto <= 0
+    if moved:
+        current_util = float(share) / total         # the share as vLLM printed it
         util = utilization_under_free(float(share) - (float(kv_auto) - free), total, context_bytes=0,
                                       margin=ctx.rules.utilization_margin)
     else:
         util, planned = _share_under_free(current, ctx, current_util, free_gib=free, total_gib=total,
                                           context_bytes=context)
-    if util <= 0.05 or util >= current_util:
+    if util <= 0.05 or util > 1 or (util <= current_util if grows else util >= current_util):
         return GiveUp(f"only {free}/{total} GiB is free on {device}; other processes hold the rest",
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     weights = _weights_per_rank_gib(current, ctx)
@@ -501,9 +507,12 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
            f"{util:.2f} stays under it")
-    if share and kv_auto:
+    if moved and not grows:
         why = (f"the CPU memory share left the KV cache {float(kv_auto) - free:.2f} GiB short of the {free} GiB "
                f"available; {util:.2f} shrinks the share by that")
+    elif grows:
+        why = (f"the CPU memory share ({share} GiB) left the KV cache nothing after the worker's own "
+               f"{float(share) - float(kv_auto):.2f} GiB; {util:.2f} gives it the {free} GiB available")
     out = _set(current, UTIL, util, why, "gpu_memory_utilization_free")
     if planned is None:     # the plan's length at the share chosen here
         planned = _plan(ctx, out.flags, total_gib=total, free_gib=free, context_bytes=context)

@@ -103,6 +103,15 @@ ROWS = [
         "--gpu-memory-utilization 0.9",
         # (8.63 - (4.52 - 3.10)) / 9.59 - 0.005 = 0.746
         then="--gpu-memory-utilization 0.74", step="gpu_memory_utilization_free"),
+    Row("CPU build: a share the worker's own memory fills grows by what is available",
+        D(FREE, free_gib=3.10, total_gib=9.59, requested_gib=-0.5, cpu_kv_auto_gib=-0.5, cpu_share_gib=4.0),
+        "--gpu-memory-utilization 0.42",
+        # the worker holds 4.0 + 0.5 = 4.5 GiB; with the 3.10 available for KV: 7.6 / 9.59 - 0.005 = 0.787
+        then="--gpu-memory-utilization 0.78", step="gpu_memory_utilization_free", says="gives it the 3.1 GiB"),
+    Row("CPU build: a share the worker fills, with more than the node to give: nothing fits",
+        D(FREE, free_gib=3.10, total_gib=9.59, requested_gib=-1.2, cpu_kv_auto_gib=-1.2, cpu_share_gib=8.63),
+        # 8.63 + 1.2 + 3.10 = 12.93 GiB, more than the node's 9.59
+        "--gpu-memory-utilization 0.9", gives_up=EX_TEMPFAIL, says="free CPU memory"),
     Row("CPU build: VLLM_CPU_KVCACHE_SPACE above free memory is for a person to change",
         D(FREE, free_gib=7.96, total_gib=9.59, requested_gib=64.0, cpu_kv_gib=64.0),
         knows={"cpu_kv_space_gib": 64.0}, gives_up=EX_CONFIG, says="at most 7 GiB"),
@@ -403,6 +412,16 @@ WHOLE: dict[str, tuple[Any, ...]] = {
              'the CPU memory share left the KV cache 1.42 GiB short of the 3.1 GiB available; 0.74 shrinks the '
              'share by that'),
         )),
+    "CPU build: a share the worker's own memory fills grows by what is available": (
+        "the CPU memory share (4.0 GiB) left the KV cache nothing after the worker's own 4.50 GiB; 0.78 gives it "
+        'the 3.1 GiB available', (
+            ('--gpu-memory-utilization', '0.42', '0.78',
+             "the CPU memory share (4.0 GiB) left the KV cache nothing after the worker's own 4.50 GiB; 0.78 gives "
+             'it the 3.1 GiB available'),
+        )),
+    'CPU build: a share the worker fills, with more than the node to give: nothing fits': (
+        'only 3.1/9.59 GiB is free on CPU memory; other processes hold the rest',
+        'free CPU memory (see the processes holding it)'),
     'CPU build: VLLM_CPU_KVCACHE_SPACE above free memory is for a person to change': (
         'the KV cache was set to 64.0 GiB, but only 7.96 of 9.59 GiB of CPU memory is available '
         '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',

@@ -94,11 +94,11 @@ def check_change(case: Case, c: R.Change) -> int:
             assert _now(c) % block == 0 and _now(c) <= held < _now(c) + block, text
         if mm := claim(rf"; {INT} is the {INT} asked for, aligned down to the {INT}-token block"):
             assert int(mm[2]) == asked and asked < held and _now(c) == asked // block * block, text
-        if mm := claim(rf"with the changes below about {INT}(, held to the {INT} asked for)?, aligned down to the "
-                       rf"{INT}-token block"):
-            tokens = int(mm[1]) if not mm[2] else min(int(mm[1]), int(mm[3]))
-            assert mm[2] is None or int(mm[3]) == asked, text
-            assert _now(c) == tokens // block * block < length, text
+    if m := claim(rf"with the changes below about {INT}(, held to the {INT} (asked for|launched))?, aligned down "
+                  rf"to the {INT}-token block"):
+        tokens = int(m[1]) if not m[2] else min(int(m[1]), int(m[3]))
+        assert m[2] is None or int(m[3]) == (asked if m[4] == "asked for" else length), text
+        assert _now(c) == tokens // block * block < length, text
     if m := claim(rf"the KV cache cannot hold {INT} tokens"):
         assert int(m[1]) == length, (text, length)
         if mm := claim(rf"yet vLLM's estimate gives {INT}, no fewer"):
@@ -139,7 +139,9 @@ def check_change(case: Case, c: R.Change) -> int:
     if m := claim(rf"so {FLOAT} leaves {FLOAT} GiB for them"):
         assert float(m[1]) == float(c.new or "nan") and float(m[2]) > 0, text
     if m := claim(rf"left the KV cache {FLOAT} GiB short of the {FLOAT} GiB available; {FLOAT} shrinks the share"):
-        assert float(m[1]) > 0 and float(m[3]) == float(c.new or "nan") < case.util(), text
+        assert float(m[1]) > 0 and float(m[3]) == float(c.new or "nan") < n["cpu_share_gib"] / n["total_gib"], text
+    if m := claim(rf"left the KV cache nothing after the worker's own {FLOAT} GiB; {FLOAT} gives it the {FLOAT} GiB"):
+        assert float(m[1]) > 0 and float(m[2]) == float(c.new or "nan") > n["cpu_share_gib"] / n["total_gib"], text
     if m := claim(rf"{INT} sequences need half the activation memory"):
         assert int(m[1]) == _now(c), text
     if m := claim(rf"offloading {FLOAT} GiB of weights"):
@@ -149,8 +151,8 @@ def check_change(case: Case, c: R.Change) -> int:
         if mm := claim(rf"only {FLOAT} of {FLOAT} GiB of CPU memory is available"):
             assert _now(c) / GiB <= float(mm[1]), text
     # the plan's reasons (a length it sizes with the relaunch's flags)
-    if m := claim(rf"{INT} tokens do not fit"):
-        assert int(m[1]) in (length, asked), (text, length)
+    if m := claim(rf"{INT} tokens do not fit"):     # the plan's: the length in effect, else config.json's
+        assert int(m[1]) in (length, asked, 131072), (text, length)      # Llama-3.1-8B: max_position_embeddings
     if m := claim(rf"{INT} with its error band held back|; {INT} do \(block-aligned\)|the floor {INT}$"):
         assert int(next(g for g in m.groups() if g)) == _now(c), text
     if "sizes the length to the KV cache it measures (auto)" in text:
@@ -183,6 +185,8 @@ def check(case: Case) -> R.Decision:
         assert c.new == out.flags.get(c.flag), (c, out.flags)        # 'now' is the flag relaunched with
         assert c.old == case.flags.get(c.flag), (c, case.flags)      # 'was' is the flag that failed
     assert len({c.flag for c in out.changes}) == len(out.changes), out.changes    # each flag once
+    share = out.flags.get_float("--gpu-memory-utilization")
+    assert share is None or 0 < share <= 1, out             # vLLM takes a fraction of the device, at most all
     return out
 
 
@@ -266,7 +270,9 @@ def other_failures(draw: st.DrawFn) -> Diagnosis:
             n["requested_utilization"] = draw(st.sampled_from([0.9, 0.92]))
         cpu = draw(st.sampled_from(["gpu", "share", "kv_space"]))
         if cpu == "share":
-            n["cpu_share_gib"], n["cpu_kv_auto_gib"] = 0.9 * total, draw(st.sampled_from([0.5, 2.0, 4.52]))
+            # the share's KV part: more than is free, or nothing (the worker's own memory filled the share)
+            n["cpu_share_gib"] = 0.9 * total
+            n["cpu_kv_auto_gib"] = draw(st.sampled_from([n["free_gib"] + 0.5, n["free_gib"] + 1.42, -1.2, 0.0]))
         elif cpu == "kv_space":
             n["cpu_kv_gib"] = draw(st.sampled_from([4.0, 64.0]))
     elif kind is Kind.OOM_PROFILE:

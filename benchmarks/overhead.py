@@ -8,9 +8,11 @@ with :class:`supervisor.shell.child.Child` around a real child process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -27,6 +29,7 @@ from benchmarks.matrix import ROOT
 from supervisor.core.classifier import Classifier
 from supervisor.shell.child import Child
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
+from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober
 
 FAKE = os.path.join(ROOT, "tests", "fakes", "fake_vllm.py")
@@ -194,6 +197,89 @@ def classifier_throughput(n: int = 1_000_000) -> dict[str, Any]:
     verdict = classifier.diagnose(1)
     return {"lines": len(lines), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
             "lines_per_s": int(len(lines) / wall), "verdict": verdict.kind.value}
+
+
+# -- 2b. the whole output path, as the daemon runs it ------------------------------------------------
+#: The line the issue sizes the output path by: 120 bytes of vLLM's (an access-log line of the API server).
+TYPICAL = (b'(APIServer pid=4242) INFO:     10.0.12.7:43210 - "POST /v1/chat/completions HTTP/1.1" 200 OK '
+           b'req=chatcmpl-0123456789')
+
+
+async def _pump_through_guard(source: str, state_dir: str) -> tuple[Watcher, VllmOutput]:
+    """A real child (``cat``) writes ``source`` to its pipe; the guard's Child reads it in 64 KiB chunks,
+    LineSplitter cuts lines, Watcher.line masks and classifies each and hands it to VllmOutput, which keeps
+    it in ``vllm.log`` (rotating at 8 MiB) and passes it through to stdout: every step of the daemon's."""
+    from supervisor.config import GuardConfig
+    from supervisor.core.session import Facts, Session
+
+    session = Session(GuardConfig(model="m", vllm_args=("--max-model-len", "8192")), Facts(vllm_version="0.32.0"),
+                      rng=random.Random(0))
+    session.first_launch()
+    session.launching()
+    output = VllmOutput(state_dir, secrets=["sk-bench-secret-not-in-the-log"])
+    child = Child(["cat", source], dict(os.environ), lambda line, stream: None)
+    timers = LaunchTimers(startup_timeout=600, stall_timeout=600, collect_after_fatal=2, health_interval=10,
+                          health_failures=3, stop_grace=5)
+    # Wired as Guard._watch wires it: the output's mask cleans each line, the session holds the bounds.
+    watcher = Watcher(child, None, timers, LaunchHooks(on_line=output.line), asyncio.Queue(),  # type: ignore[arg-type]
+                      bounds=session.check_auto_fit if session.current.auto_length() else None, clean=output.mask)
+    child.on_line = watcher.line
+    await child.start()
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    others = sorted(set(range(os.cpu_count() or 1)) - set(cores))
+    if others:                          # the writer on another core: the guard's core is the guard's alone
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(child.pid).cpu_affinity(others[:1])
+    await child.wait()
+    await child.drain(timeout=3600)     # every line read and handled
+    output.close()
+    return watcher, output
+
+
+def output_throughput(n: int = 1_000_000, journal: bool = False, typical: bool = False) -> dict[str, Any]:
+    """Lines per second through the whole output path on one core (read, split, mask, classify, keep,
+    pass through). ``journal``: the guard's stdout is the journal (each line gets its priority prefix).
+    ``typical``: ``n`` copies of the issue's 120-byte line instead of the realistic day of a server."""
+    lines = [TYPICAL] * n if typical else realistic_log(n)
+    nbytes = sum(len(line) + 1 for line in lines)
+    old = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    saved_fd = os.dup(1)
+    env_before = os.environ.get("JOURNAL_STREAM")
+    with tempfile.TemporaryDirectory(prefix="vg-out-") as tmp:
+        source = os.path.join(tmp, "vllm-output.txt")
+        with open(source, "wb") as fh:
+            fh.write(b"\n".join(lines) + b"\n")
+        state_dir = os.path.join(tmp, "state")
+        os.mkdir(state_dir, 0o700)
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)            # passed through to stdout, as the guard does; here /dev/null
+        os.close(devnull)
+        if journal:
+            st = os.fstat(1)
+            os.environ["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+        if old:
+            os.sched_setaffinity(0, {min(old)})
+        try:
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            watcher, output = asyncio.run(_pump_through_guard(source, state_dir))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            kept = [line for line in open(os.path.join(state_dir, "vllm.log"), "rb").read().splitlines()]
+        finally:
+            if old:
+                os.sched_setaffinity(0, old)
+            sys.stdout.flush()
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+            if env_before is None:
+                os.environ.pop("JOURNAL_STREAM", None)
+            else:
+                os.environ["JOURNAL_STREAM"] = env_before
+    assert kept and kept[-1] == lines[-1], "the output path lost the last line"
+    return {"lines": n, "bytes": nbytes, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "lines_per_s": int(n / wall), "lines_per_cpu_s": int(n / max(cpu, 1e-9)),
+            "mb_per_s": round(nbytes / wall / 1e6, 1), "journal": journal, "journal_prefix": output._journal["stdout"],
+            "verdict": watcher.classifier.diagnose(1).kind.value, "typical": typical}
 
 
 # -- 3. fatal line -> SIGTERM ----------------------------------------------------------------------

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shlex
-import stat
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ import yaml
 
 from supervisor.core.flags import Flags
 from supervisor.errors import ConfigError
+from supervisor.shell.statefiles import read_named_file
 
 __all__ = ["ConfigError", "GuardConfig", "resolve"]
 
@@ -353,30 +353,10 @@ def _from_text(key: str, text: str, where: str) -> Any:
     return _check(key, value, where)
 
 
-def read_user_file(path: str, what: str, limit: int, limit_text: str,
-                   error: type[ConfigError] = ConfigError) -> bytes:
-    """The bytes of a file the user named (``what``: "config file", "token file" ...): a regular file
-    of at most ``limit`` bytes, read bounded (``/dev/zero``, a FIFO or a log file is refused, never read
-    to the end); else ``error`` naming the file and the reason."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer before it can be refused
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise error(f"{what} {path} is not a regular file")
-            raw = fh.read(limit + 1)
-    except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror}") from None
-    if len(raw) > limit:
-        raise error(f"{what} {path} is larger than {limit_text}")
-    return raw
-
-
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML config: a flat ``{"health.interval": 5.0, ...}`` of checked values."""
     path = str(path)
-    raw = read_user_file(path, "config file", MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES >> 10} KiB")
+    raw = read_named_file(path, "config file", MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES >> 10} KiB")
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
@@ -520,6 +500,49 @@ def _take_model(model: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]
 
 # -- the whole ---------------------------------------------------------------------------------
 
+#: How deep vLLM's --config YAML may nest (a flag: value mapping, a list or mapping as a value, and
+#: what that holds: a handful of levels in any real file).
+MAX_YAML_DEPTH = 32
+
+
+class _BoundedYaml(yaml.SafeLoader):
+    """PyYAML's safe loader with what makes a small file expensive refused: aliases and anchors (an
+    alias bomb of 1 KiB expands to gigabytes), and nesting deeper than :data:`MAX_YAML_DEPTH` (the
+    composer recurses once per level: a deep file is a RecursionError)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases (&, *) are refused",
+                                              event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _load_yaml(raw: bytes, path: str) -> Any:
+    """vLLM's --config YAML, parsed within bounds; every failure a ConfigError naming the file."""
+    try:
+        loader = _BoundedYaml(raw.decode("utf-8"))
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"vLLM's --config file {path} is not UTF-8 text (byte {exc.start})") from None
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
+        raise ConfigError(f"vLLM's --config file {path} is not valid YAML: {str(exc)[:500]}") from None
+
+
 def _vllm_config_file(vllm_args: tuple[str, ...]) -> tuple[str, ...]:
     """vLLM's ``--config`` YAML as the arguments vLLM makes of it (``load_config_file``): a flag per
     key, ``true`` a switch, a list its items, a mapping JSON. The guard reads it only to know the
@@ -530,26 +553,26 @@ def _vllm_config_file(vllm_args: tuple[str, ...]) -> tuple[str, ...]:
         return ()
     if not path.endswith((".yaml", ".yml")):
         raise ConfigError(f"vLLM's --config {path}: vLLM reads only .yaml/.yml files")
-    raw = read_user_file(path, "vLLM's --config file", MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES >> 10} KiB")
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"vLLM's --config file {path} is not valid YAML: {exc}") from None
+    raw = read_named_file(path, "vLLM's --config file", MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES >> 10} KiB")
+    data = _load_yaml(raw, path)
     if data is None:
         return ()
     if not isinstance(data, dict):
         raise ConfigError(f"vLLM's --config file {path} must hold a mapping of flag: value")
     out: list[str] = []
-    for key, value in data.items():
-        flag = "--" + str(key)
-        if isinstance(value, bool):
-            out += [flag] if value else []
-        elif isinstance(value, list):
-            out += [flag, *map(str, value)] if value else []
-        elif isinstance(value, dict):
-            out += [flag, json.dumps(value)]
-        else:
-            out += [flag, str(value)]
+    try:
+        for key, value in data.items():
+            flag = "--" + str(key)
+            if isinstance(value, bool):
+                out += [flag] if value else []
+            elif isinstance(value, list):
+                out += [flag, *map(str, value)] if value else []
+            elif isinstance(value, dict):
+                out += [flag, json.dumps(value)]
+            else:
+                out += [flag, str(value)]
+    except (TypeError, ValueError) as exc:        # a mapping JSON cannot hold (a date as a key ...)
+        raise ConfigError(f"vLLM's --config file {path} holds a value vLLM cannot take as a flag: {exc}") from None
     if any("\x00" in token for token in out):
         raise ConfigError(f"vLLM's --config file {path} contains a NUL character")
     return tuple(out)

@@ -27,9 +27,10 @@ import psutil
 
 from supervisor import config
 from supervisor.core.progress import PHASE_TEXT, last_failure, probe_text, seconds_text
-from supervisor.errors import EX_FAILURE, EX_OK
-from supervisor.shell import auth, history, output, statedir
+from supervisor.errors import EX_FAILURE, EX_OK, StateError
+from supervisor.shell import auth, history, locks, output
 from supervisor.shell.probe import probe_host
+from supervisor.shell.statefiles import read_json
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 
@@ -120,8 +121,8 @@ def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
     """``<state_dir>/guard.json``, which a guard writes when its status endpoint listens (``status_port``);
     None when absent or unreadable. It is kept after the guard stops: alone it proves nothing."""
     try:
-        data = statedir.read_json(f"{state_dir}/{statedir.GUARD_INFO}")
-    except statedir.StateError:
+        data = read_json(f"{state_dir}/{locks.GUARD_INFO}")
+    except StateError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -129,11 +130,11 @@ def read_endpoint_file(state_dir: str) -> dict[str, Any] | None:
 def live_guard(state_dir: str) -> dict[str, Any] | None:
     """The guard holding ``state_dir`` now: ``{"pid": ...}`` from its lock, with what its guard.json says
     when that pid wrote it (its endpoint); None when no live process holds the lock."""
-    if not statedir.is_running(state_dir):
+    if not locks.is_running(state_dir):
         return None
     try:
-        lock = statedir.read_json(Path(state_dir) / statedir.GUARD_LOCK)
-    except statedir.StateError:
+        lock = read_json(Path(state_dir) / locks.GUARD_LOCK)
+    except StateError:
         lock = None
     pid = lock.get("pid") if isinstance(lock, dict) else None
     if not isinstance(pid, int) or not pid_alive(pid):
@@ -557,7 +558,7 @@ def _guard_processes() -> dict[str, list[int]]:
             if p.pid == me or not _is_guard_argv(argv):
                 continue
             dirs = [os.path.dirname(f.path) for f in p.open_files()
-                    if os.path.basename(f.path) == statedir.GUARD_LOCK]
+                    if os.path.basename(f.path) == locks.GUARD_LOCK]
         except psutil.AccessDenied:
             dirs = _declared_state_dir(p, argv)
         except psutil.Error:
@@ -611,7 +612,8 @@ def _find_guards(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[s
             pass
     for d in dirs:
         d = os.path.abspath(os.path.expanduser(d))
-        if d not in found and ((Path(d) / statedir.GUARD_INFO).exists() or (Path(d) / statedir.GUARD_LOCK).exists()):
+        marks = (Path(d) / locks.GUARD_INFO, Path(d) / locks.GUARD_LOCK)
+        if d not in found and any(os.path.lexists(p) for p in marks):
             found[d] = []
     return found
 

@@ -104,12 +104,12 @@ def dry_run(cfg: config.GuardConfig) -> int:
     from supervisor import facts
     from supervisor.core.session import Session
     from supervisor.facts.nvml import NvmlProvider
-    from supervisor.shell import auth, statedir
+    from supervisor.shell import auth, learned
 
     try:
         gathered = facts.gather(cfg, os.environ, NvmlProvider())
         state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or config.default_state_dir(os.environ)))
-        found, _key = (statedir.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn
+        found, _key = (learned.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn
                        else (gathered.facts, None))
     except GuardError as e:
         print(f"vllm-guard: {e}", file=sys.stderr)

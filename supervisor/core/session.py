@@ -29,7 +29,7 @@ from typing import Any
 import tenacity
 
 from supervisor.config import GuardConfig
-from supervisor.core import exits, memory, remedy, vllm
+from supervisor.core import exits, memory, remediable, remedy, vllm
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.flags import (
@@ -85,11 +85,19 @@ class Measured:
 
 @dataclass(frozen=True)
 class Learned:
-    """Flags an earlier healthy launch used under the same conditions (from the state dir)."""
+    """What the guard itself changed for an earlier healthy launch under the same conditions (from the
+    state dir): flag -> value, applied over the user's own flags. Only flags the guard changes, each value
+    in its type and range (:mod:`supervisor.core.remediable`), can be held: anything else is a ValueError
+    here, so a planted store can never add a flag."""
 
-    argv: tuple[str, ...]
+    flags: Mapping[str, remediable.LearnedValue]
     saved_at: str = ""
     reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checked = {flag: remediable.accept(flag, value) for flag, value in self.flags.items()}
+        object.__setattr__(self, "flags", checked)
+        object.__setattr__(self, "reasons", {k: remediable.reason(v) for k, v in self.reasons.items() if k in checked})
 
 
 @dataclass(frozen=True)
@@ -169,8 +177,8 @@ class End:
 class Healthy:
     """What a launch that just became healthy means: the flags to remember, and why each differs."""
 
-    learn: tuple[str, ...] | None              # argv to store as learned (None: do not store)
-    reasons: Mapping[str, str]
+    learn: Mapping[str, remediable.LearnedValue] | None   # what the guard changed, to store (None: do not store)
+    reasons: Mapping[str, str]                 # why, for each flag of ``learn``
     measured: Measured | None = None           # vLLM's memory as it printed it, kept with the flags
 
 
@@ -198,6 +206,8 @@ class Session:
         self._on_state = on_state
         self._lifecycle = Lifecycle()
         self._learned = facts.learned
+        self._bounds_of: Flags | None = None
+        self._bounds: tuple[int, int | None] | None = None
         self._fails_without_health = 0
         self._tried: list[str] = []
         self._previous: list[Diagnosis] = []
@@ -240,7 +250,7 @@ class Session:
         cfg, requested = self.cfg, self.requested
         learned = self._learned if cfg.plan.learn and use_learned else None
         if learned is not None:
-            flags = Flags.parse(list(learned.argv), base=requested.base)
+            flags = remediable.apply(requested, learned.flags)
             for name, (_was, now) in diff(requested, flags).items():
                 self._note(name, now, learned.reasons.get(name, "learned from an earlier healthy launch"), "store")
             self.flags_source = "store"
@@ -302,9 +312,12 @@ class Session:
 
     def auto_fit_bounds(self) -> tuple[int, int | None] | None:
         """(floor, ceiling) held on vLLM's choice when the launch uses ``--max-model-len auto``."""
-        if not self.current.auto_length():
-            return None
-        return self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)
+        current = self.current
+        if self._bounds_of is not current:      # asked for every line vLLM prints: once per set of flags
+            self._bounds_of = current
+            self._bounds = (self.cfg.remedies.min_model_len, self.requested.get_int(MAX_MODEL_LEN)) \
+                if current.auto_length() else None
+        return self._bounds
 
     def check_auto_fit(self, numbers: Mapping[str, Any], phase: str) -> Diagnosis | None:
         """A failure of the guard's own bounds on ``--max-model-len auto`` (None: within them, or not auto)."""
@@ -360,7 +373,10 @@ class Session:
         measured = self._measured(numbers)
         if measured is not None:
             self._size_with(measured)          # later relaunches of this run size with it too
-        return Healthy(tuple(learn.argv()) if self.cfg.plan.learn else None, reasons, measured)
+        if not self.cfg.plan.learn:
+            return Healthy(None, {}, measured)
+        changed = remediable.changes(self.requested, learn)
+        return Healthy(changed, {k: v for k, v in reasons.items() if k in changed}, measured)
 
     def _size_with(self, measured: Measured) -> None:
         if self.sizing is not None:

@@ -21,7 +21,9 @@ from typing import Any
 
 import structlog
 
-from supervisor.config import ConfigError, read_user_file
+from supervisor.config import ConfigError
+from supervisor.errors import StateError
+from supervisor.shell.statefiles import read_named_file, write_secret_file
 
 log = structlog.get_logger("vllm_guard.auth")
 
@@ -56,7 +58,7 @@ MAX_TOKEN_FILE = 4096      # a token file is a line; /dev/zero or a log file is 
 
 
 def _read_token(path: str) -> str:
-    raw = read_user_file(path, "token file", MAX_TOKEN_FILE, f"{MAX_TOKEN_FILE} bytes; it should hold one token",
+    raw = read_named_file(path, "token file", MAX_TOKEN_FILE, f"{MAX_TOKEN_FILE} bytes; it should hold one token",
                          TokenError)
     try:
         text = raw.decode("utf-8").strip()
@@ -65,21 +67,6 @@ def _read_token(path: str) -> str:
     if not text or any(c.isspace() or not c.isprintable() for c in text):
         raise TokenError(f"token file {path} is {'empty' if not text else 'not one printable token'}")
     return text
-
-
-def write_secret_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically with mode 0600 (never readable by others, not even briefly)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; be explicit
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
 
 
 def resolve_token(state_dir: str, token_file: str, environ: Mapping[str, str]) -> tuple[str, str | None, bool]:
@@ -102,8 +89,12 @@ def resolve_token(state_dir: str, token_file: str, environ: Mapping[str, str]) -
         return token, None, True
     path = str(Path(state_dir) / TOKEN_FILE_NAME)
     token = secrets.token_urlsafe(32)
-    write_secret_file(path, token + "\n")
     register_secret(token)
+    try:
+        write_secret_file(path, token + "\n")
+    except (OSError, StateError) as e:      # a full disk: the endpoint still works; clients need the token
+        log.warning(f"could not write the token file {path} ({getattr(e, 'strerror', None) or e}); "
+                    f"clients cannot read it: set {TOKEN_ENV} for both")
     return token, path, False
 
 

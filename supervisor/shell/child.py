@@ -31,6 +31,24 @@ class LineSplitter:
         self.max_line = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
+        # The common chunk (no \r, not inside an over-long line) is cut by bytes.split, in C: a busy vLLM
+        # prints 100,000+ lines a second, and the loop below costs a microsecond a line.
+        if not self._skipping and not self._pending_cr and b"\r" not in data:
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if lines:
+                if self._buf:
+                    lines[0] = bytes(self._buf) + lines[0]
+                if len(rest) <= self.max_line and max(map(len, lines)) <= self.max_line:
+                    self._buf.clear()
+                    self._buf += rest
+                    return lines
+            elif len(self._buf) + len(rest) <= self.max_line:
+                self._buf += rest
+                return []
+        return self._feed_slow(data)
+
+    def _feed_slow(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
         start = 0
         if self._pending_cr and data[:1] == b"\n":
@@ -132,8 +150,9 @@ class Child:
         for line in splitter.close():
             self.on_line(line, name)
 
-    def remember_tree(self) -> None:
-        """Record the launch's processes now (engine and workers), to end or watch them later."""
+    def remember_tree(self, record: bool = True) -> None:
+        """Note the launch's processes now (engine and workers), to end or watch them later; ``record``:
+        in ``launch.json`` too, for the next guard if this one is SIGKILLed."""
         if self.pid is None:
             return
         tree = procs.snapshot_tree(self.pid)
@@ -142,7 +161,7 @@ class Child:
                 self.tree.setdefault(p.pid, p.create_time())
             except Exception:
                 continue
-        if self.state_dir:
+        if self.state_dir and record:
             # A second way for the next guard to find them if this one is SIGKILLed.
             procs.note_tree(self.state_dir, tree)
 
@@ -177,7 +196,7 @@ class Child:
             return None
         import psutil
 
-        self.remember_tree()
+        self.remember_tree(record=False)     # signal first; the disk is written after (it may be full or slow)
         victims = []
         for pid, created in self.tree.items():
             try:

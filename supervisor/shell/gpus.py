@@ -1,7 +1,7 @@
 """The GPUs of one guard run, in time: the start-up turn it takes on them, and the wait for a dead
 launch's memory to come back before the next launch.
 
-The turn (an ``flock`` per GPU, :mod:`supervisor.shell.statedir`) lets only one vLLM at a time
+The turn (an ``flock`` per GPU, :mod:`supervisor.shell.locks`) lets only one vLLM at a time
 profile a GPU, so two guards starting together do not measure each other's memory. Both waits end
 at once when the guard is asked to stop.
 """
@@ -19,7 +19,7 @@ from supervisor.core.gpus import GpuDevice, visible
 from supervisor.core.units import GiB
 from supervisor.errors import EX_TEMPFAIL, Refused
 from supervisor.facts import device_dict
-from supervisor.shell import procs, statedir
+from supervisor.shell import locks, procs
 
 log = structlog.get_logger("vllm-guard")
 
@@ -33,7 +33,7 @@ class Gpus:
         self.indexes = {d.index for d in devices}
         self.snapshot = [device_dict(d) for d in devices]
         self.stop = stop
-        self._turn: statedir.GpuTurn | None = None
+        self._turn: locks.GpuTurn | None = None
 
     @contextlib.asynccontextmanager
     async def turn(self, timeout: float) -> AsyncIterator[bool]:
@@ -42,13 +42,13 @@ class Gpus:
             log.info("another vLLM is starting on this GPU; waiting for its turn")
 
         try:
-            async with statedir.gpu_turn_async(self.key, timeout, on_wait=waiting, stop=self.stop) as turn:
+            async with locks.gpu_turn_async(self.key, timeout, on_wait=waiting, stop=self.stop) as turn:
                 self._turn = turn
                 try:
                     yield turn is not None
                 finally:
                     self.release_turn()
-        except statedir.GpuTurnTimeout as e:
+        except locks.GpuTurnTimeout as e:
             raise Refused(f"timed out waiting for another guard's vLLM to finish starting: {e}", EX_TEMPFAIL) from None
 
     def release_turn(self) -> None:

@@ -33,17 +33,19 @@ from supervisor.core.flags import Flags
 from supervisor.core.lifecycle import State
 from supervisor.core.progress import Progress, last_failure, seconds_text, summary
 from supervisor.core.session import FAILED, STOPPED, End, Launch, Outcome, Session
-from supervisor.errors import EX_SOFTWARE, ConfigError, GuardError, Refused
+from supervisor.errors import EX_SOFTWARE, EX_TEMPFAIL, ConfigError, GuardError, Refused, StateError
 from supervisor.facts.nvml import NvmlProvider
 from supervisor.facts.vllm_install import require_command
-from supervisor.shell import auth, procs, sdnotify, statedir
+from supervisor.shell import auth, learned, procs, sdnotify
 from supervisor.shell.child import Child
 from supervisor.shell.gpus import Gpus
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher, port_taken
 from supervisor.shell.live import render
+from supervisor.shell.locks import StateDirLock
 from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober
 from supervisor.shell.report import Report
+from supervisor.shell.statefiles import DISK_FAULTS
 from supervisor.shell.status_server import StatusServer, StatusServerError
 
 log = structlog.get_logger("vllm-guard")
@@ -76,8 +78,8 @@ class Guard:
         self._stop = asyncio.Event()
         self._hurry = threading.Event()       # a second stop: no grace for vLLM
         self._heartbeat = time.monotonic()
-        self._lock: statedir.StateDirLock | None = None
-        self._keys: statedir.StoreKeys | None = None
+        self._lock: StateDirLock | None = None
+        self._keys: learned.StoreKeys | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.progress: Progress | None = None   # the current launch's, in words
         self._stop_asked: tuple[float, str] | None = None   # when the first stop came, and what kills now
@@ -122,9 +124,12 @@ class Guard:
             raise ConfigError("no model: pass MODEL (or --model, or model = ... in the config file)")
         require_command(cfg.vllm_argv, self.environ)
         try:
-            self._lock = stack.enter_context(statedir.StateDirLock(self.state_dir))
-        except (OSError, statedir.StateError) as e:
-            raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}") from None
+            self._lock = stack.enter_context(StateDirLock(self.state_dir))
+        except (OSError, StateError) as e:
+            # A full or failing disk may pass (75: systemd tries again); anything else needs a person (78).
+            fault = isinstance(e, OSError) and e.errno in DISK_FAULTS
+            raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}",
+                          EX_TEMPFAIL if fault else None) from None
         auth.register_env_secrets(self.environ)
         for value in [*auth.argv_secrets(cfg.vllm_args), cfg.requested_flags().get("--api-key")]:
             auth.register_secret(value)
@@ -148,7 +153,7 @@ class Guard:
         facts = gathered.facts
         self.gpus = Gpus(self.gpu_provider, self.environ, self.state_dir, gathered.gpu_key, facts.devices, self._stop)
         if cfg.plan.learn:
-            facts, self._keys = statedir.learned_facts(cfg, facts, self.state_dir)
+            facts, self._keys = learned.learned_facts(cfg, facts, self.state_dir)
         self.session = Session(cfg, facts, rng=self.rng, on_state=self._on_state)
 
     async def _start_status(self, stack: contextlib.AsyncExitStack) -> None:
@@ -188,7 +193,7 @@ class Guard:
             if step is None:
                 break
             if step.forget_learned and self._keys is not None:
-                statedir.LearnedStore(self.state_dir).drop(self._keys.flags)
+                learned.LearnedStore(self.state_dir).drop(self._keys.flags)
             if step.delay:
                 self.report.backoff_until = time.time() + step.delay
                 command = await self._next_command(step.delay)
@@ -249,8 +254,9 @@ class Guard:
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
         self.child = child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
+        bounds = s.check_auto_fit if flags.auto_length() else None      # asked per line: only where it applies
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
-                                          bounds=s.check_auto_fit, hurry=self._hurry, clean=self.output.mask,
+                                          bounds=bounds, hurry=self._hurry, clean=self.output.mask,
                                           progress=self.progress)
         child.on_line = watcher.line
         try:
@@ -278,6 +284,7 @@ class Guard:
             await self.child.stop(self.cfg.stop_grace, self._hurry)
         if self.gpus is not None:
             self.gpus.release_turn()
+        self.output.close()
         if s is not None:
             s.stopped(self.exit_reason or "stopped")
 
@@ -329,14 +336,12 @@ class Guard:
         healthy = s.healthy(w.classifier.numbers, seconds)
         self.report.healthy(s, seconds, w.classifier.numbers)
         if healthy.learn is not None and self._keys is not None:
-            try:
-                store, meta = statedir.LearnedStore(self.state_dir), {"model": self.cfg.model,
-                                                                       "vllm_version": s.vllm_version}
-                store.put(self._keys.flags, list(healthy.learn), {**meta, "reasons": dict(healthy.reasons)})
-                if healthy.measured is not None:
-                    store.put(self._keys.measured, [], {**meta, "measured": healthy.measured.to_dict()})
-            except (OSError, statedir.StateError) as e:
-                log.warning(f"could not store the learned flags: {e}")
+            # Best effort (a full disk is one warning): the store is an optimisation for the next start.
+            store = learned.LearnedStore(self.state_dir)
+            meta = {"model": self.cfg.model, "vllm_version": s.vllm_version}
+            store.put(self._keys.flags, healthy.learn, healthy.reasons, meta)
+            if healthy.measured is not None:
+                store.put_measured(self._keys.measured, healthy.measured.to_dict(), meta)
 
     async def _watchdog(self) -> None:
         """WATCHDOG=1 from the loop itself: a wedged loop stops pinging and systemd restarts us."""

@@ -5,7 +5,9 @@ guard has stopped.
 The file is append-only and bounded: past ``MAX_BYTES`` it is rotated to ``history.jsonl.1`` (one
 generation kept). A record is written when a launch becomes healthy and again when it ends; the
 reader keeps the last record of each launch. Secrets never reach it (argv and evidence are
-redacted before they are recorded), and a write that fails is logged, never fatal.
+redacted before they are recorded). The file goes through the state-file door
+(:class:`~supervisor.shell.statefiles.AppendLog`): a write the disk refuses is logged once and tried
+again with the next record; the records in memory (``/status``) are whole whatever the disk does.
 """
 
 from __future__ import annotations
@@ -17,12 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from supervisor.shell import auth
-from supervisor.shell.statedir import append_line, read_lines
-
-log = structlog.get_logger("vllm-guard")
+from supervisor.shell.statefiles import AppendLog, read_lines
 
 HISTORY_FILE = "history.jsonl"
 MAX_BYTES = 4 << 20            # rotated past this (one older generation kept)
@@ -39,6 +37,7 @@ class History:
     def __init__(self, state_dir: str | None, *, model: str, run_id: str) -> None:
         self.records: list[dict[str, Any]] = []
         self.path = Path(state_dir) / HISTORY_FILE if state_dir else None
+        self._file = AppendLog(self.path, MAX_BYTES, retry_s=0.0) if self.path is not None else None
         self.model, self.run_id = model, run_id
 
     @property
@@ -95,12 +94,15 @@ class History:
         return max(times) if times else None
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.path is None:
+        if self._file is None:
             return
-        try:
-            append_line(self.path, json.dumps(auth.redact_obj(record), default=str), max_bytes=MAX_BYTES)
-        except OSError as e:
-            log.warning(f"could not write {self.path}: {e.strerror or e}")
+        self._file.write(json.dumps(auth.redact_obj(record), default=str).encode("utf-8", "replace"))
+        self._file.flush()          # one record at a time: a torn file keeps every whole line before it
+
+    def close(self) -> None:
+        """Let go of the file (what is buffered is written, best effort)."""
+        if self._file is not None:
+            self._file.close()
 
 
 def _measured(numbers: dict[str, Any]) -> dict[str, Any]:

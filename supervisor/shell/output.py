@@ -6,24 +6,57 @@ Every line is masked first (the secrets the guard knows, such as ``--api-key``, 
 back in its "non-default args"), so neither the terminal, the journal, the ring file nor the
 classifier's evidence ever holds one. Writing to a terminal that went away (SSH closed, a pipe
 whose reader died) is not an error: the line still reaches the ring file.
+
+The path keeps up with a busy vLLM: lines are buffered and written once per batch (the lines of one
+read of vLLM's pipe: the flush is scheduled on the event loop when the first line of a batch comes),
+into a ring file kept open (:class:`~supervisor.shell.statefiles.AppendLog`, re-verified through the
+state-file door on rotation and after a fault), and to the guard's stdout/stderr in the order they
+came. A disk that refuses the ring file is a warning once; the lines still reach the terminal or
+journal, and the file is tried again later.
+
+On the journal (``$JOURNAL_STREAM`` names the guard's stdout or stderr) every passed-through line
+starts with the guard's own syslog priority, taken from the level vLLM printed (``INFO`` is
+``<6>``, ``WARNING`` ``<4>``, ``ERROR`` and ``CRITICAL`` ``<3>``; a line without a level, a
+traceback's, keeps the level of the line before it on that stream), so journald never reads a
+priority vLLM's text happens to start with (``<0>``, emerg, is broadcast to every terminal).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
-import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import structlog
-
-from supervisor.shell.statedir import StateError, append_line, read_lines, safe_open_read
+from supervisor.shell.logs import on_journal
+from supervisor.shell.statefiles import AppendLog, open_follow, read_lines, same_file
 
 LOG_FILE = "vllm.log"
 MAX_BYTES = 8 << 20            # per file; with the previous generation, at most 16 MiB
+_FLUSH_AT = 256 << 10          # a batch larger than this is written at once
+
+# vLLM's log format: "(APIServer pid=7) INFO 11-29 17:00:00 [file.py:1] ...", "WARNING 11-29 ...",
+# uvicorn's "INFO:     127.0.0.1:40000 - ...".
+# Python's logging names only these five levels (never WARN or FATAL); the name is a whole word.
+_LEVEL = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):?(?: |$)")
+# vLLM's levels as syslog priorities; nothing vLLM prints is filed above err (the guard's own messages are).
+_PRIORITY = {b"DEBUG": b"<7>", b"INFO": b"<6>", b"WARNING": b"<4>", b"ERROR": b"<3>", b"CRITICAL": b"<3>"}
+_INFO, _ERR = b"<6>", b"<3>"
+
+
+def priority(line: bytes, previous: bytes = _INFO) -> bytes:
+    """The journald prefix for one vLLM line: from the level it printed, else ``previous`` (a traceback
+    starts at err)."""
+    m = _LEVEL.match(line)
+    if m is not None:
+        return _PRIORITY[m.group(1)]
+    if line.startswith(b"Traceback (most recent call last)"):
+        return _ERR
+    return previous
 
 
 class VllmOutput:
@@ -32,9 +65,16 @@ class VllmOutput:
     def __init__(self, state_dir: str | None, *, secrets: Iterable[str] = (), quiet: bool = False,
                  live: Any = None) -> None:
         self.path = Path(state_dir) / LOG_FILE if state_dir else None
+        self._file = AppendLog(self.path, MAX_BYTES) if self.path is not None else None
         self.quiet, self.live = quiet, live
         self.secrets = sorted({s.encode() for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
-        self._broken = False               # the ring file failed once: the guard goes on without it
+        self._journal = {"stdout": on_journal(sys.stdout), "stderr": on_journal(sys.stderr)}
+        self._level = {"stdout": _INFO, "stderr": _INFO}
+        self._through = not quiet and live is None           # lines go through to the guard's stdout/stderr
+        self._segments: list[tuple[str, bytearray]] = []     # lines not yet written, in order, by stream
+        self._stream = ""                                    # the stream of the last segment
+        self._buf = bytearray()                              # the last segment's bytes
+        self._scheduled = False
 
     def mask(self, line: bytes) -> bytes:
         """``line`` with every known secret replaced by ``***``."""
@@ -45,38 +85,76 @@ class VllmOutput:
 
     def launch(self, n: int, argv_text: str) -> None:
         """Mark the start of launch ``n`` in the ring file."""
+        self.flush()                        # what came before the mark stays before it
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        self._keep(self.mask(f"=== vllm-guard: launch {n} at {stamp}: {argv_text}".encode()))
+        if self._file is not None:
+            self._file.write(self.mask(f"=== vllm-guard: launch {n} at {stamp}: {argv_text}".encode()))
+        self._schedule()
 
     def line(self, line: bytes, stream: str) -> bytes:
-        """Show and keep one (already masked) line of vLLM's; returns it."""
-        self._keep(line)
-        if not self.quiet:
-            if self.live is not None:
-                self.live.above(line, stream)
-            else:
-                passthrough(line, stream)
+        """Show and keep one (already masked) line of vLLM's; returns it. Called for every line vLLM prints,
+        so it only buffers: :meth:`flush` writes the batch to the ring file and the guard's streams."""
+        if stream != self._stream:
+            self._buf = bytearray()
+            self._segments.append((stream, self._buf))
+            self._stream = stream
+        buf = self._buf
+        buf += line
+        buf += b"\n"
+        if self.live is not None and not self.quiet:
+            self.live.above(line, stream)
+        if len(buf) >= _FLUSH_AT:
+            self.flush()
+        elif not self._scheduled:
+            self._schedule()
         return line
 
-    def _keep(self, line: bytes) -> None:
-        if self.path is None or self._broken:
+    def _schedule(self) -> None:
+        """Flush once the lines of this batch are in: on the event loop's next turn (at once without one)."""
+        if self._scheduled:
             return
         try:
-            append_line(self.path, line, max_bytes=MAX_BYTES)
-        except (OSError, StateError) as e:
-            self._broken = True
-            structlog.get_logger("vllm-guard").warning(
-                f"cannot keep vLLM's output in {self.path} ({e}); it still goes to the terminal or journal")
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._scheduled = True
+        loop.call_soon(self.flush)
 
+    def flush(self) -> None:
+        """Write what is buffered: to the ring file, and through to the guard's stdout/stderr."""
+        self._scheduled = False
+        segments, self._segments, self._stream = self._segments, [], ""
+        if self._file is not None:
+            for _stream, data in segments:
+                self._file.write_lines(data)
+            self._file.flush()
+        if not self._through:
+            return
+        for stream, data in segments:
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            shown = self._prefixed(data, stream) if self._journal[stream] else data
+            try:
+                out.buffer.write(shown)
+                out.flush()
+            except (ValueError, OSError, AttributeError):
+                pass                        # a terminal that went away: the ring file still has the lines
 
-def passthrough(line: bytes, stream: str) -> None:
-    """Write one vLLM line to the guard's own stdout/stderr, unchanged (a closed stream is ignored)."""
-    out = sys.stdout if stream == "stdout" else sys.stderr
-    try:
-        out.buffer.write(line + b"\n")
-        out.flush()
-    except (ValueError, OSError, AttributeError):
-        pass
+    def _prefixed(self, data: bytes | bytearray, stream: str) -> bytes:
+        """The lines of ``data``, each with the journald priority of its vLLM level."""
+        level = self._level[stream]
+        out = []
+        for line in bytes(data).split(b"\n")[:-1]:
+            level = priority(line, level)
+            out.append(level + line + b"\n")
+        self._level[stream] = level
+        return b"".join(out)
+
+    def close(self) -> None:
+        """Write what is buffered and let go of the ring file."""
+        self.flush()
+        if self._file is not None:
+            self._file.close()
 
 
 def tail(state_dir: str, n: int) -> list[bytes]:
@@ -88,27 +166,22 @@ def follow(state_dir: str, poll: float = 0.5) -> Iterator[bytes]:
     """New lines of the ring file as they are written (through rotations), until interrupted. Lines
     already in the file when it is first opened are skipped (``tail`` has shown them)."""
     path = Path(state_dir) / LOG_FILE
-    f: IO[bytes] | None = None
+    f = None
     skip_existing = True
     while True:
         if f is None:
-            try:
-                f = safe_open_read(path)
-            except (FileNotFoundError, StateError):
+            f = open_follow(path)
+            if f is None:
                 skip_existing = False            # a file that appears later is read from its start
                 time.sleep(poll)
                 continue
             if skip_existing:
-                f.seek(0, os.SEEK_END)
+                f.seek(0, 2)
         line = f.readline()
         if line:
             yield line.rstrip(b"\r\n")
             continue
-        try:
-            rotated = os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
-        except OSError:
-            rotated = True
-        if rotated:
+        if not same_file(f, path):
             f.close()
             f, skip_existing = None, False
             continue

@@ -25,8 +25,9 @@ from typing import Any
 
 import psutil
 
+from supervisor.errors import StateError
 from supervisor.shell import auth
-from supervisor.shell.statedir import StateError, ensure_dir, read_json, set_aside, write_json
+from supervisor.shell.statefiles import FAULTS, ensure_dir, read_json, remove, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
 LAUNCH_FILE = "launch.json"
@@ -104,8 +105,8 @@ def _identity(pid: int) -> dict[str, Any] | None:
 
 
 def record_launch(state_dir: str, pid: int, pgid: int) -> None:
-    """Atomically write ``launch.json``: pid, pgid, create_time, started_at, marker."""
-    ensure_dir(state_dir)
+    """Atomically write ``launch.json``: pid, pgid, create_time, started_at, marker (best effort: a disk that
+    refuses it is a warning; the marker still finds the launch's processes)."""
     ident = _identity(pid) or {"create_time": None}
     marker = f"{state_id(state_dir)}:"
     with contextlib.suppress(psutil.Error):
@@ -119,11 +120,21 @@ def record_launch(state_dir: str, pid: int, pgid: int) -> None:
         "guard_pid": os.getpid(),
         "tree": [],
     }
-    write_json(_launch_path(state_dir), record, 0o600)
+    _write_record(state_dir, record)
+
+
+def _write_record(state_dir: str, record: dict[str, Any]) -> None:
+    path = _launch_path(state_dir)
+
+    def write() -> None:
+        ensure_dir(state_dir)
+        write_json(path, record, 0o600)
+    FAULTS.attempt(path, write)
 
 
 def note_tree(state_dir: str, procs: Iterable[psutil.Process]) -> None:
-    """Add processes (e.g. :func:`snapshot_tree` once healthy) to ``launch.json`` by pid+create_time."""
+    """Add processes (e.g. :func:`snapshot_tree` once healthy) to ``launch.json`` by pid+create_time (best
+    effort, as :func:`record_launch`)."""
     record = _read_record(state_dir)
     if record is None:
         return
@@ -134,7 +145,7 @@ def note_tree(state_dir: str, procs: Iterable[psutil.Process]) -> None:
         if ident and (ident["pid"], ident["create_time"]) not in known:
             tree.append(ident)
     record["tree"] = tree
-    write_json(_launch_path(state_dir), record, 0o600)
+    _write_record(state_dir, record)
 
 
 def _read_record(state_dir: str) -> dict[str, Any] | None:
@@ -143,11 +154,12 @@ def _read_record(state_dir: str) -> dict[str, Any] | None:
     path = _launch_path(state_dir)
     try:
         record = read_json(path)
+        if record is not None and not isinstance(record, dict):
+            set_aside(path, f"{path} holds {type(record).__name__}, not a launch record")
+            return None
     except StateError as e:
-        set_aside(path, str(e))
-        return None
-    if record is not None and not isinstance(record, dict):
-        set_aside(path, f"{path} holds {type(record).__name__}, not a launch record")
+        with contextlib.suppress(StateError):
+            set_aside(path, str(e))
         return None
     return record
 
@@ -158,9 +170,9 @@ def _tree(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def clear_launch(state_dir: str) -> None:
-    """Remove ``launch.json`` (the launch ended and all of its processes with it)."""
-    with contextlib.suppress(FileNotFoundError):
-        _launch_path(state_dir).unlink()
+    """Remove ``launch.json`` (the launch ended and all of its processes with it; best effort)."""
+    path = _launch_path(state_dir)
+    FAULTS.attempt(path, lambda: remove(path), proves=False)
 
 
 # --- finding processes ----------------------------------------------------------------------

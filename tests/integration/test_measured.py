@@ -20,7 +20,7 @@ from supervisor.core.lifecycle import State
 from supervisor.core.session import Facts, Session
 from supervisor.facts.model_files import load_model_info
 from supervisor.shell.guard import Guard
-from supervisor.shell.statedir import MEASURED_PREFIX
+from supervisor.shell.learned import MEASURED_PREFIX
 from tests.fakes.gpu import FakeProvider
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "Llama-3.1-8B-Instruct"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -332,19 +331,6 @@ def test_a_one_megabyte_line_is_handled() -> None:
     c.feed("x" * 1_000_000)
     c.feed(b"\xff" * 1_000_000 + b" CUDA out of memory. Tried to allocate 1.00 GiB.")
     assert c.diagnose(1).kind in (Kind.OOM_WEIGHTS,)
-
-
-def test_throughput_floor() -> None:
-    """A loose floor (CI machines vary); the measured figure is in the engineer's report."""
-    line = "(APIServer pid=1) INFO 09-20 10:00:01 [loggers.py:123] Engine 000: Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: 85.1 tokens/s, Running: 1 reqs"
-    access = '(APIServer pid=1) INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
-    c = Classifier()
-    start = time.perf_counter()
-    for _ in range(25_000):
-        c.feed(line)
-        c.feed(access)
-    rate = 50_000 / (time.perf_counter() - start)
-    assert rate > 30_000, f"{rate:.0f} lines/s"
 
 
 # --------------------------------------------------------------------------- shapes seen in issue reports

@@ -193,17 +193,17 @@ SCENARIOS = [
     Scenario("no model facts: the first launch is the flags as given", config("--max-model-len 8192"),
              first=Go(("--max-model-len", "8192"), AS_GIVEN)),
     Scenario("learned flags are used first", config("--max-model-len 32768"),
-             Facts(learned=Learned(("--max-model-len", "30368"), "2026-11-29", {"--max-model-len": "cut"})),
+             Facts(learned=Learned({"--max-model-len": "30368"}, "2026-11-29", {"--max-model-len": "cut"})),
              first=Go(("--max-model-len", "30368"), "using the flags learned on 2026-11-29", reason="learned")),
     Scenario("learned flags that fail are forgotten: the flags as given again, and that counts as a launch",
-             config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+             config("--max-model-len 32768"), Facts(learned=Learned({"--max-model-len": "30368"})),
              (fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=30368, fit_max_model_len=20000),),
              first=Go(("--max-model-len", "30368"), "using the flags learned on an earlier start", reason="learned"),
              steps=(Go(("--max-model-len", "32768"),
                        f"the learned flags failed (kv_cache_insufficient); forgetting them: {AS_GIVEN}",
                        reason="learned_failed", forget_learned=True),)),
     Scenario("a reset after a start from learned flags: the user's own flags, and the learned ones are dropped",
-             config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"), "2026-11-29")),
+             config("--max-model-len 32768"), Facts(learned=Learned({"--max-model-len": "30368"}, "2026-11-29")),
              (Outcome(RESET),),
              first=Go(("--max-model-len", "30368"), "using the flags learned on 2026-11-29", reason="learned"),
              steps=(Go(("--max-model-len", "32768"), "restart requested: back to the flags you asked for",
@@ -585,7 +585,7 @@ def test_healthy_after_auto_fit_notes_vllms_choice_and_keeps_the_reason() -> Non
     assert note.value == "auto (29936)" and note.source == "plan"
     assert note.text.startswith("131072 tokens do not fit")
     assert note.text.endswith("chose 29936 tokens for the KV cache")
-    assert h.learn == tuple(s.current.argv())
+    assert h.learn == {"--max-model-len": "auto"}              # what the guard changed, not a command line
 
 
 def test_flags_this_vllm_removed_are_dropped_before_launching() -> None:
@@ -624,7 +624,7 @@ def test_a_healed_length_below_what_vllm_measured_is_raised_for_the_next_start(v
     s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=40000))
     s.launching()
     h = s.healthy({"kv_cache_tokens": 41584, "block_size": 16}, 30.0)
-    assert h.learn is not None and Flags.parse(" ".join(h.learn)).get("--max-model-len") == str(kept)
+    assert h.learn == {"--max-model-len": str(kept)}
     assert s.current.get("--max-model-len") == "40000"          # this launch keeps what it serves
 
 
@@ -729,7 +729,7 @@ def test_each_state_change_says_why() -> None:
 
 def test_learned_flags_that_fail_say_so_in_the_state_and_count_the_failure() -> None:
     seen: list[tuple[str, str]] = []
-    s = Session(config("--max-model-len 32768", max_launches=2), Facts(learned=Learned(("--max-model-len", "30368"))),
+    s = Session(config("--max-model-len 32768", max_launches=2), Facts(learned=Learned({"--max-model-len": "30368"})),
                 rng=random.Random(0), on_state=lambda st, why: seen.append((st.value, why)))
     s.first_launch()
     s.launching()
@@ -936,7 +936,7 @@ def test_a_healthy_launch_learns_its_flags_only_when_learning_is_on() -> None:
     on = Session(config("--max-model-len 8192"), Facts(), rng=random.Random(0))
     on.first_launch()
     on.launching()
-    assert on.healthy({}, 5.0) == Healthy(("--max-model-len", "8192"), {}, None)
+    assert on.healthy({}, 5.0) == Healthy({}, {}, None)     # the flags as asked served: nothing the guard changed
     off = Session(config("--max-model-len 8192", **{"plan.learn": False}), Facts(), rng=random.Random(0))
     off.first_launch()
     off.launching()
@@ -976,14 +976,15 @@ def test_a_healed_length_that_served_everything_vllm_measured_is_kept_as_it_is()
     s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=40000, fit_max_model_len=30000))
     s.launching()
     exact = s.healthy({"kv_cache_tokens": 30000, "block_size": 16}, 30.0)     # served what fit: nothing to raise
-    assert exact.learn == ("--max-model-len", "30000")
+    assert exact.learn == {"--max-model-len": "30000"}
     assert exact.reasons["--max-model-len"] == s.notes["--max-model-len"].text
     more = s.healthy({"kv_cache_tokens": 52000, "block_size": 16}, 30.0)      # room beyond the ask: the ask
-    assert more.learn == ("--max-model-len", "40000")
-    assert more.reasons["--max-model-len"] == ("vLLM measured room for 52000 tokens where 30000 were served (the "
-                                               "estimate held back); 40000 is kept for the next start")
+    # The next start gets the length asked, 40000: the user's own flag, so nothing the guard changed is left
+    # to learn (learned.json holds only the guard's changes, applied over the user's flags).
+    assert (more.learn, more.reasons) == ({}, {})
+    assert s.notes["--max-model-len"].value == "30000"                        # this launch still serves 30000
     odd = s.healthy({"kv_cache_tokens": 30031, "block_size": 16}, 30.0)       # 31 tokens more: not a block more
-    assert odd.learn == ("--max-model-len", "30016") or odd.learn == ("--max-model-len", "30000")
+    assert odd.learn == {"--max-model-len": "30016"} or odd.learn == {"--max-model-len": "30000"}
 
 
 def test_a_measured_figure_from_a_healthy_launch_is_what_vllm_printed(
@@ -1150,7 +1151,7 @@ def test_fp8_kv_support_is_judged_for_the_vllm_and_the_models_attention(cc: tupl
 
 def test_learned_flags_keep_what_vllms_own_config_file_sets() -> None:
     """Flags from vLLM's --config YAML stay under the learned ones: the launch still answers for them."""
-    s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+    s = Session(config("--max-model-len 32768"), Facts(learned=Learned({"--max-model-len": "30368"})),
                 rng=random.Random(0))
     s.requested = Flags.parse("--max-model-len 32768", base=Flags.parse("--max-num-seqs 64"))
     launch = s._choose(use_learned=True)
@@ -1166,13 +1167,13 @@ def test_stopped_without_stopping_first_says_why_for_both() -> None:
 
 def test_learning_off_ignores_learned_flags() -> None:
     s = Session(config("--max-model-len 32768", **{"plan.learn": False}),
-                Facts(learned=Learned(("--max-model-len", "30368"))), rng=random.Random(0))
+                Facts(learned=Learned({"--max-model-len": "30368"})), rng=random.Random(0))
     assert decision(s.first_launch()) == Go(("--max-model-len", "32768"), AS_GIVEN)
     assert s.flags_source == "user" and s.notes == {}
 
 
 def test_a_learned_flag_without_a_stored_reason_says_where_it_came_from() -> None:
-    s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+    s = Session(config("--max-model-len 32768"), Facts(learned=Learned({"--max-model-len": "30368"})),
                 rng=random.Random(0))
     s.first_launch()
     note = s.notes["--max-model-len"]
@@ -1211,7 +1212,7 @@ def test_flags_that_fit_are_said_to_fit() -> None:
 
 
 def test_the_failure_that_made_learned_flags_forgotten_is_remembered_for_the_remedy() -> None:
-    s = Session(config("--max-model-len 32768"), Facts(learned=Learned(("--max-model-len", "30368"))),
+    s = Session(config("--max-model-len 32768"), Facts(learned=Learned({"--max-model-len": "30368"})),
                 rng=random.Random(0))
     s.first_launch()
     s.launching()
@@ -1293,7 +1294,7 @@ def test_a_planned_length_below_what_vllm_measured_is_raised_for_the_next_start(
     served = s.current.get_int("--max-model-len")
     assert served is not None and s.notes["--max-model-len"].source == "plan"
     h = s.healthy({"kv_cache_tokens": 29032}, 30.0)                 # no block size printed: 16 on a GPU
-    assert h.learn == ("--max-model-len", "29024")
+    assert h.learn == {"--max-model-len": "29024"}
     assert h.reasons["--max-model-len"] == (f"vLLM measured room for 29032 tokens where {served} were served (the "
                                             "estimate held back); 29024 is kept for the next start")
 
@@ -1305,7 +1306,7 @@ def test_room_for_less_than_a_block_more_changes_nothing_for_the_next_start() ->
     s.ended(fail(Kind.KV_CACHE_INSUFFICIENT, max_model_len=131072, fit_max_model_len=30000))
     s.launching()
     h = s.healthy({"kv_cache_tokens": 30010, "block_size": 16}, 30.0)   # 30010 // 16 * 16 = 30000: as served
-    assert h.learn == ("--max-model-len", "30000")
+    assert h.learn == {"--max-model-len": "30000"}
     assert h.reasons["--max-model-len"] == s.notes["--max-model-len"].text
 
 

@@ -15,8 +15,8 @@ import pytest
 from supervisor.cli import client as cli_client
 from supervisor.config import ConfigError
 from supervisor.shell import auth
+from supervisor.shell.locks import StateDirLock
 from supervisor.shell.metrics import Metrics
-from supervisor.shell.statedir import StateDirLock
 from supervisor.shell.status_server import StatusServer
 from tests.fakes.serve import serving
 

@@ -1,4 +1,5 @@
-"""supervisor.shell.statedir against real files, real flocks and real competing processes."""
+"""supervisor.shell.locks against real flocks and real competing processes: one guard per state dir,
+one vLLM start-up at a time per GPU."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import stat
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from supervisor.shell import statedir as state
-from supervisor.shell.statedir import AlreadyRunning, GpuTurnTimeout, LearnedStore, StateDirLock, StateError
+from supervisor.errors import AlreadyRunning
+from supervisor.shell import locks as state
+from supervisor.shell.locks import GpuTurnTimeout, StateDirLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,59 +53,11 @@ def gpu_key():
         p.unlink(missing_ok=True)
 
 
-# --- atomic writes --------------------------------------------------------------------------
-
-
-def test_atomic_write_replaces_whole_with_mode_and_no_leftovers(tmp_path):
-    target = tmp_path / "f.json"
-    state.atomic_write(target, "old")
-    state.atomic_write(target, b"new", mode=0o600)
-    assert target.read_bytes() == b"new"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o600
-    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
-
-
-def test_atomic_write_failure_leaves_the_old_file_and_no_temp(tmp_path):
-    target = tmp_path / "f"
-    state.atomic_write(target, "old")
-    with pytest.raises(TypeError):
-        state.atomic_write(target, 12345)  # type: ignore[arg-type]
-    assert target.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["f"]
-
-
-def test_readers_never_see_a_partial_write(tmp_path):
-    target = tmp_path / "f"
-    a, b = b"a" * 300_000, b"b" * 200_000
-    state.atomic_write(target, a)
-    seen: set[bytes] = set()
-    stop = threading.Event()
-
-    def reader():
-        while not stop.is_set():
-            seen.add(target.read_bytes())
-
-    t = threading.Thread(target=reader)
-    t.start()
-    for i in range(100):
-        state.atomic_write(target, a if i % 2 else b)
-    stop.set()
-    t.join()
-    assert seen <= {a, b} and seen
-
-
-def test_read_json_missing_is_none_and_broken_is_a_clear_error(tmp_path):
-    assert state.read_json(tmp_path / "nope.json") is None
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(StateError, match="bad.json is not valid JSON"):
-        state.read_json(tmp_path / "bad.json")
-
-
 # --- one guard per state dir ----------------------------------------------------------------
 
 HOLD_STATE_DIR = """
     import sys
-    from supervisor.shell.statedir import StateDirLock
+    from supervisor.shell.locks import StateDirLock
     lock = StateDirLock(sys.argv[1])
     lock.acquire()
     lock.publish(status_port=8077)
@@ -141,7 +94,7 @@ def test_second_guard_on_a_state_dir_is_refused_naming_the_first(tmp_path):
 TAKE_TURN = """
     import json, sys, time
     from pathlib import Path
-    from supervisor.shell.statedir import gpu_turn
+    from supervisor.shell.locks import gpu_turn
     key, log, name, release = sys.argv[1:5]
     def note(event):
         with open(log, "a") as f:
@@ -231,87 +184,6 @@ def test_async_gpu_turn_waits_without_blocking_the_loop(gpu_key):
     assert asyncio.run(main()) == ["first released", "other acquired"]
 
 
-# --- learned flags --------------------------------------------------------------------------
-
-
-def _key(**over):
-    args = dict(model="m", revision=None, gpus=[("H100", 80), ("H100", 80)], tp=2, vllm_version="0.32.0",
-                user_args=["--max-model-len", "8192"])
-    args.update(over)
-    return state.learned_key(**args)
-
-
-def test_learned_key_is_stable_and_sensitive_to_each_part():
-    assert _key() == _key()
-    assert _key(gpus=[("H100", 80), ("H100", 80)]) == _key(gpus=[("H100", 80), ("H100", 80)])
-    variants = [_key(model="n"), _key(revision="abc"), _key(gpus=[("A100", 40)]), _key(tp=1),
-                _key(vllm_version="0.31.0"), _key(user_args=[])]
-    assert len({_key(), *variants}) == 1 + len(variants)
-    assert _key().startswith("m@-#")
-
-
-def test_learned_store_round_trip_and_drop(tmp_path):
-    d = str(tmp_path / "s")
-    k = _key()
-    LearnedStore(d).put(k, ["--max-model-len", "4096"], {"model": "m"})
-    entry = LearnedStore(d).get(k)  # a new instance reads it from disk
-    assert entry["argv"] == ["--max-model-len", "4096"] and entry["meta"] == {"model": "m"}
-    assert "saved_at" in entry
-    assert LearnedStore(d).get(_key(tp=1)) is None
-    LearnedStore(d).drop(k)
-    assert LearnedStore(d).get(k) is None
-
-
-@pytest.mark.parametrize("content", ["{truncated", "[1, 2]"])
-def test_a_corrupt_learned_store_is_set_aside_with_a_warning(tmp_path, content):
-    (tmp_path / "learned.json").write_text(content)
-    warnings: list[str] = []
-    store = LearnedStore(str(tmp_path), warn=warnings.append)
-    assert store.get("k") is None
-    aside = list(tmp_path.glob("learned.json.corrupt-*"))
-    assert len(aside) == 1 and aside[0].read_text() == content
-    assert len(warnings) == 1 and str(aside[0]) in warnings[0]
-    store.put("k", ["--enforce-eager"], {})
-    assert store.get("k")["argv"] == ["--enforce-eager"]
-
-
-def test_a_malformed_entry_is_ignored_with_a_warning(tmp_path):
-    (tmp_path / "learned.json").write_text(json.dumps({"k": {"argv": "not a list"}}))
-    warnings: list[str] = []
-    assert LearnedStore(str(tmp_path), warn=warnings.append).get("k") is None
-    assert warnings and "malformed" in warnings[0]
-
-
-def test_measured_memory_is_kept_for_this_host_whatever_the_flags(tmp_path):
-    from supervisor.config import GuardConfig
-    from supervisor.core.gpus import GpuDevice
-    from supervisor.core.session import Facts, Measured
-
-    h100 = GpuDevice(0, "NVIDIA H100 80GB HBM3", 80 << 30, 0, 80 << 30, (9, 0), ())
-    facts = Facts(devices=(h100,), vllm_version="0.11.0")
-    measured = Measured(6 << 30, 61 << 30, (("--max-num-seqs", None),))
-    asked = GuardConfig(model="m", vllm_args=("--max-model-len", "16000"))
-    _, keys = state.learned_facts(asked, facts, str(tmp_path))
-    LearnedStore(str(tmp_path)).put(keys.measured, [], {"measured": measured.to_dict()})
-    other_flags = GuardConfig(model="m", vllm_args=("--max-model-len", "8192"))
-    found, other = state.learned_facts(other_flags, facts, str(tmp_path))
-    assert other.flags != keys.flags and other.measured == keys.measured
-    assert found.measured == measured and found.learned is None
-    other_gpu = Facts(devices=(GpuDevice(0, "NVIDIA L4", 22 << 30, 0, 22 << 30, (8, 9), ()),), vllm_version="0.11.0")
-    assert state.learned_facts(other_flags, other_gpu, str(tmp_path))[0].measured is None
-
-
-@pytest.mark.parametrize("garbage", [5, {"overhead_bytes": "6"},
-                                     {"overhead_bytes": -1, "weights_bytes": 0, "under": []},
-                                     {"overhead_bytes": 1, "weights_bytes": 1, "under": 7}])
-def test_a_malformed_measurement_is_ignored(tmp_path, garbage):
-    from supervisor.config import GuardConfig
-    from supervisor.core.session import Facts
-
-    _, keys = state.learned_facts(GuardConfig(model="m"), Facts(), str(tmp_path))
-    LearnedStore(str(tmp_path)).put(keys.measured, [], {"measured": garbage})
-    assert state.learned_facts(GuardConfig(model="m"), Facts(), str(tmp_path))[0].measured is None
-
 
 def test_gpu_lock_dir_is_shared_and_writable():
     d = state.gpu_lock_dir()
@@ -379,20 +251,38 @@ def test_a_shared_lock_dir_that_is_not_sticky_or_not_trusted_is_not_used(tmp_pat
     assert state._shared_dir_ok(loose)
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\xff\xfe not utf-8", b"[1, 2, 3]", b'{"k": 5}'])
-def test_corrupt_learned_flags_are_set_aside_and_the_store_works_again(tmp_path, content):
-    (tmp_path / "learned.json").write_bytes(content)
-    warnings: list[str] = []
-    store = LearnedStore(str(tmp_path), warn=warnings.append)
-    assert store.get("k") is None
-    store.put("k", ["--max-model-len", "8192", "--api-key", "sk-secret-value"], {})
-    entry = store.get("k")
-    assert entry is not None and entry["argv"] == ["--max-model-len", "8192", "--api-key", "***"]
-    assert "sk-secret-value" not in (tmp_path / "learned.json").read_text()
+@pytest.mark.parametrize("kind", ["fifo", "hardlink", "directory"])
+def test_a_gpu_lock_that_is_not_a_plain_file_is_never_used(gpu_key, kind):
+    from tests.fakes.planted import plant
+
+    victims = state.gpu_lock_dir() / f"victims-{gpu_key}"       # a hard link needs the same file system
+    planted = plant(state.gpu_lock_dir() / state._lock_name(gpu_key), kind, victims)
+    try:
+        t0 = time.monotonic()
+        with state.gpu_turn(gpu_key, timeout=1):
+            pass                                  # the turn is taken on a private lock instead, at once
+        assert time.monotonic() - t0 < 2
+        assert planted.untouched() == ""
+    finally:
+        if planted.path.is_dir() and not planted.path.is_symlink():
+            for p in planted.path.iterdir():
+                p.unlink()
+            planted.path.rmdir()
+        else:
+            planted.path.unlink()
+        for p in victims.iterdir():
+            p.unlink()
+        victims.rmdir()
 
 
-def test_a_directory_where_a_state_file_should_be_is_set_aside(tmp_path):
-    (tmp_path / "learned.json").mkdir()
-    warnings: list[str] = []
-    assert LearnedStore(str(tmp_path), warn=warnings.append).get("k") is None
-    assert warnings and list(tmp_path.glob("learned.json.corrupt-*"))
+def test_is_running_never_blocks_on_a_planted_lock_file(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    os.mkfifo(d / "guard.lock")
+    t0 = time.monotonic()
+    assert state.is_running(str(d)) is False
+    assert time.monotonic() - t0 < 1
+    with StateDirLock(str(d)):                    # the guard sets the FIFO aside and locks a file of its own
+        assert state.is_running(str(d)) is True
+        assert stat.S_ISREG(os.lstat(d / "guard.lock").st_mode)
+    assert list(d.glob("guard.lock.corrupt-*"))

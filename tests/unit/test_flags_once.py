@@ -168,7 +168,8 @@ def check_launch(cfg: GuardConfig, s: Session, flags: Flags, changes, before: Fl
 def test_no_launch_of_a_session_carries_a_flag_twice(args, total, held, version, model, failures, learned):
     cfg = build({**flatten(GuardConfig(model="m", vllm_args=tuple(args))), "backoff.jitter": 0.0})
     requested = cfg.requested_flags()
-    known = Learned(tuple(Flags.parse(args).set("--max-model-len", 8192).argv())) if learned else None
+    # what the guard learned is flag -> value, applied over the user's flags (in whatever spelling they wrote)
+    known = Learned({"--max-model-len": "8192"}) if learned else None
     facts = Facts(devices=(gpu(total, held),), free_gib=total - held, total_gib=total, vllm_version=version,
                   model=LLAMA if model else None, learned=known)
     s = Session(cfg, facts, rng=random.Random(0))

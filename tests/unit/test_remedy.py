@@ -1182,3 +1182,84 @@ def test_a_decision_the_plan_sizes(failure, flags, knows, then, step, whys):
     length = out.flags.get("--max-model-len")
     assert length == "auto" or (int(length) % 16 == 0 and int(length) < 131072)
     assert out.why == out.changes[0].why or out.why.startswith("only 19.06 of 22.06 GiB is free")
+
+
+def test_steps_combined_name_each_flag_once_from_its_first_value_to_its_last():
+    """The plan then a remedy change the share twice: one change, from the user's value to the last, both
+    reasons in order; a flag a later step puts back where it began is no change at all."""
+    plan = (R.Change("--gpu-memory-utilization", None, "0.85", "the plan"),
+            R.Change("--enforce-eager", None, "", "the plan's eager mode"))
+    remedy = (R.Change("--gpu-memory-utilization", "0.85", "0.8", "the remedy"),
+              R.Change("--max-model-len", "8192", "4096", "the length"),
+              R.Change("--enforce-eager", "", None, "graphs back"))
+    assert R.combined(plan, remedy) == (
+        R.Change("--gpu-memory-utilization", None, "0.8", "the plan; then the remedy"),
+        R.Change("--max-model-len", "8192", "4096", "the length"))
+
+
+def test_auto_fit_above_the_request_without_vllms_length_says_a_length():
+    """vLLM's auto-fit line without the length it chose: the reason cannot name a number it was not given."""
+    out = R.decide(D(Kind.AUTO_FIT_ABOVE_REQUEST), Flags.parse("--max-model-len auto"),
+                   R.Context(requested=Flags.parse("--max-model-len 8192")))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--max-model-len 8192")
+    assert out.why == "vLLM's auto-fit found a length, more than the 8192 asked for; 8192 fits"
+
+
+def test_a_decision_without_a_context_takes_the_current_flags_as_the_users_own():
+    """decide(d, flags) alone: what the user asked is the flags that failed (here the 8192 auto-fit went past)."""
+    out = R.decide(D(Kind.AUTO_FIT_ABOVE_REQUEST, fit_max_model_len=9000), Flags.parse("--max-model-len 8192"))
+    assert isinstance(out, R.GiveUp)       # pinning 8192 again changes nothing
+    assert out.reason == "auto_fit_above_request: no remedy changes anything"
+
+
+# After fp8 KV was tried, vLLM refusing it in any of the words it uses (the Triton kernel's 'fp8e4nv',
+# the flag '--kv-cache-dtype', the config field 'kv_cache_dtype', the prose 'KV cache dtype') is the end:
+# without fp8 the KV cache stays below the floor. Each phrase is tried on its own.
+@pytest.mark.parametrize("refusal", [
+    "ValueError: type fp8e4nv not supported in this architecture. The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')",
+    "error: argument --kv-cache-dtype: invalid choice: 'e4m3' (choose from 'auto', 'bfloat16')",
+    "ValueError: kv_cache_dtype=e4m3 is not supported by this attention backend",
+    "NotImplementedError: the KV cache dtype is not supported by this attention backend",
+])
+def test_a_refused_fp8_kv_cache_after_fp8_was_tried_gives_up(refusal: str) -> None:
+    out = R.decide(D(CONFIG, refusal), Flags.parse("--kv-cache-dtype fp8"),
+                   R.Context(requested=Flags(), tried=("kv_cache_fp8",)))
+    assert out == R.GiveUp("this GPU refuses fp8 KV cache, and without it the KV cache is below the floor",
+                           EX_TEMPFAIL, R.ADVICE)
+
+
+def test_another_refusal_after_fp8_was_tried_is_vllms_own_reason() -> None:
+    evidence = "ValueError: --max-num-seqs must be at least 1"
+    out = R.decide(D(CONFIG, evidence), Flags.parse("--kv-cache-dtype fp8 --max-num-seqs 0"),
+                   R.Context(requested=Flags(), tried=("kv_cache_fp8",)))
+    assert out == R.GiveUp("vLLM refused its configuration: ValueError: --max-num-seqs must be at least 1",
+                           EX_CONFIG, "correct the value vLLM names in the flags or in vLLM's --config file")
+
+
+# vLLM's refusal in the guard's own words (the detail) is the reason when the classifier read a number
+# that names the cause (GPUs, placement groups, a variable) or the detail quotes the whole line.
+@pytest.mark.parametrize("number", ["required_gpus", "required_placement_groups", "env_var"])
+def test_a_refusal_whose_number_names_the_cause_gives_the_detail(number: str) -> None:
+    d = Diagnosis(CONFIG, evidence="ValueError: the line", detail="vLLM needs 2 GPUs and sees 1", numbers={number: 2})
+    assert R.decide(d, Flags(), R.Context(requested=Flags())) == R.GiveUp("vLLM needs 2 GPUs and sees 1", EX_CONFIG)
+
+
+def test_a_detail_that_neither_names_the_cause_nor_quotes_the_line_is_not_the_reason() -> None:
+    d = Diagnosis(CONFIG, evidence="ValueError: the line", detail="something else", numbers={"other": 1})
+    assert R.decide(d, Flags(), R.Context(requested=Flags())).reason == \
+        "vLLM refused its configuration: ValueError: the line"
+
+
+def test_a_cause_without_a_detail_is_vllms_line() -> None:
+    d = Diagnosis(CONFIG, evidence="ValueError: the line", numbers={"required_gpus": 2})
+    assert R.decide(d, Flags(), R.Context(requested=Flags())).reason == \
+        "vLLM refused its configuration: ValueError: the line"
+
+
+def test_the_step_down_of_a_share_rounds_once_to_two_decimals() -> None:
+    """0.8751 - 0.05 = 0.8251, which is 0.83 to two decimals (rounding to three first would give 0.825,
+    written 0.82)."""
+    out = R.decide(replace(D(Kind.OOM_PROFILE), phase="kv_cache"), Flags.parse("--gpu-memory-utilization 0.8751"),
+                   R.Context(requested=Flags()))
+    assert isinstance(out, R.Relaunch) and out.step == "oom_kv_alloc"
+    assert out.flags == Flags.parse("--gpu-memory-utilization 0.83")

@@ -1263,3 +1263,40 @@ def test_the_step_down_of_a_share_rounds_once_to_two_decimals() -> None:
                    R.Context(requested=Flags()))
     assert isinstance(out, R.Relaunch) and out.step == "oom_kv_alloc"
     assert out.flags == Flags.parse("--gpu-memory-utilization 0.83")
+
+
+CPU_FREE = {"free_gib": 3.10, "total_gib": 9.59}
+
+
+def test_a_cpu_share_that_leaves_the_kv_cache_exactly_nothing_grows():
+    """vLLM's CPU backend refuses a share whose KV part is 0 GiB (the worker's 4.0 GiB fill the 4.0 GiB
+    share): it grows by the 3.10 GiB available, (4.0 - (0 - 3.10)) / 9.59 - 0.005 = 0.735, so 0.73."""
+    d = D(FREE, requested_gib=0.0, cpu_kv_auto_gib=0.0, cpu_share_gib=4.0, **CPU_FREE)
+    out = R.decide(d, Flags.parse("--gpu-memory-utilization 0.42"), R.Context(requested=Flags()))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--gpu-memory-utilization 0.73")
+    assert out.why == ("the CPU memory share (4.0 GiB) left the KV cache nothing after the worker's own 4.00 GiB; "
+                       "0.73 gives it the 3.1 GiB available")
+
+
+@pytest.mark.parametrize("kv_auto", [0.5, 3.10])
+def test_a_cpu_share_whose_kv_part_fits_what_is_available_is_not_resized_by_it(kv_auto: float):
+    """A KV part above 0 and no more than the 3.10 GiB available is not what vLLM refused the share for:
+    the share is the one free memory allows, not one moved by the KV part: vLLM printed the free memory
+    (no CUDA context to take from it), 3.10 / 9.59 - 0.005 = 0.318, so 0.31."""
+    d = D(FREE, requested_gib=kv_auto, cpu_kv_auto_gib=kv_auto, cpu_share_gib=4.0, **CPU_FREE)
+    out = R.decide(d, Flags.parse("--gpu-memory-utilization 0.9"), R.Context(requested=Flags()))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--gpu-memory-utilization 0.31")
+    assert out.why == "only 3.1 of 9.59 GiB is free (other processes hold the rest); 0.31 stays under it"
+
+
+@pytest.mark.parametrize("numbers", [{"cpu_node": 1}, {"cpu_kv_auto_gib": 2.0, "cpu_share_gib": 4.0}])
+def test_free_memory_unknown_on_the_cpu_build_names_cpu_memory(numbers):
+    out = R.decide(D(FREE, **numbers), Flags(), R.Context(requested=Flags()))
+    assert out == R.GiveUp("other processes hold the CPU memory vLLM asked for", EX_TEMPFAIL,
+                           "free CPU memory, or lower --gpu-memory-utilization")
+
+
+def test_free_memory_unknown_on_a_gpu_names_the_gpu():
+    out = R.decide(D(FREE), Flags(), R.Context(requested=Flags()))
+    assert out == R.GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
+                           "free the GPU, or lower --gpu-memory-utilization")

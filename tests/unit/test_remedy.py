@@ -1300,3 +1300,23 @@ def test_free_memory_unknown_on_a_gpu_names_the_gpu():
     out = R.decide(D(FREE), Flags(), R.Context(requested=Flags()))
     assert out == R.GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
                            "free the GPU, or lower --gpu-memory-utilization")
+
+
+def test_a_cpu_kv_space_between_one_and_two_gib_is_advised_in_whole_gib():
+    """1.5 GiB free: 1.5 x 0.9 = 1.35 GiB fit, so VLLM_CPU_KVCACHE_SPACE (whole GiB) can say 1."""
+    out = R.decide(D(FREE, free_gib=1.5, total_gib=9.59, cpu_kv_gib=64.0), Flags(),
+                   R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
+    assert out == R.GiveUp(
+        "the KV cache was set to 64.0 GiB, but only 1.5 of 9.59 GiB of CPU memory is available "
+        "(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)", EX_CONFIG,
+        "set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 1 GiB, or free memory on this machine")
+
+
+def test_a_cpu_kv_space_refusal_without_the_free_or_total_figures_says_only_what_vllm_printed():
+    """vLLM's line without the node's total: no 'of ...'; without the free figure: nothing is known to fit."""
+    out = R.decide(D(FREE, free_gib=2.0, cpu_kv_gib=64.0), Flags(), R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
+    assert isinstance(out, R.GiveUp) and out.reason.startswith(
+        "the KV cache was set to 64.0 GiB, but only 2.0 GiB of CPU memory is available (")
+    out = R.decide(D(FREE, cpu_kv_gib=64.0), Flags(), R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
+    assert isinstance(out, R.GiveUp)
+    assert out.advice == "no KV cache fits in the 0.0 GiB of CPU memory available: free memory on this machine"

@@ -1320,3 +1320,30 @@ def test_a_cpu_kv_space_refusal_without_the_free_or_total_figures_says_only_what
     out = R.decide(D(FREE, cpu_kv_gib=64.0), Flags(), R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
     assert isinstance(out, R.GiveUp)
     assert out.advice == "no KV cache fits in the 0.0 GiB of CPU memory available: free memory on this machine"
+
+
+PROFILED = ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens")   # the steps before the share
+
+
+@pytest.mark.parametrize(("flags", "version", "then"), [
+    ("", "0.10.2", "0.85"),       # vLLM's default before 0.20 is 0.90: 0.90 - 0.05
+    ("", "0.32.0", "0.87"),       # 0.92 from 0.20: 0.92 - 0.05
+    ("--gpu-memory-utilization 0.8751", None, "0.83"),   # 0.8251 to two decimals, once
+    ("--gpu-memory-utilization 0.55", None, "0.5"),      # 0.50 is still a share the step takes
+])
+def test_oom_while_profiling_lowers_the_share_by_005(flags: str, version: str | None, then: str):
+    out = R.decide(D(Kind.OOM_PROFILE), Flags.parse(flags),
+                   R.Context(requested=Flags(), tried=PROFILED, vllm_version=version))
+    assert out == R.Relaunch(
+        Flags.parse(f"--gpu-memory-utilization {then}"),
+        (R.Change("--gpu-memory-utilization", Flags.parse(flags).get("--gpu-memory-utilization"), then,
+                  "profiling ran out of memory; a lower utilization leaves more headroom outside vLLM's budget"),),
+        "profiling ran out of memory; a lower utilization leaves more headroom outside vLLM's budget",
+        step="oom_profile:lower_utilization")
+
+
+def test_oom_while_profiling_below_a_half_share_gives_up():
+    out = R.decide(D(Kind.OOM_PROFILE), Flags.parse("--gpu-memory-utilization 0.54"),
+                   R.Context(requested=Flags(), tried=PROFILED))
+    assert out == R.GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been tried",
+                           EX_TEMPFAIL, R.ADVICE)

@@ -127,6 +127,16 @@ PIPELINE_PARALLEL = "--pipeline-parallel-size"
 #: The values of ``--max-model-len`` that ask vLLM to size the length itself (0.14+).
 AUTO_LENGTHS = ("auto", "-1")
 
+#: The flags the guard sets, and the others it reads that take exactly one value (argparse ``store``
+#: in every vLLM): vLLM reads only the last of several, so a :class:`Flags` holds each once, as it
+#: holds each switch of :data:`BOOLEAN_FLAGS` once (``_one_each``). Not here: flags that take several
+#: values (``--served-model-name``, ``--api-key``) or may repeat (``--middleware``), and ``--config``
+#: (vLLM refuses two).
+READ_ONCE_FLAGS = frozenset({MAX_MODEL_LEN, UTILIZATION, KV_CACHE_DTYPE, KV_CACHE_BYTES, ENFORCE_EAGER, MAX_NUM_SEQS,
+                             MAX_BATCHED_TOKENS, CPU_OFFLOAD, BLOCK_SIZE, CHUNKED_PREFILL, TENSOR_PARALLEL,
+                             PIPELINE_PARALLEL, "--dtype", "--quantization", "--host", "--port", "--nnodes",
+                             "--distributed-executor-backend"})
+
 
 def canonical(name: str) -> str:
     """``--max_model_len`` -> ``--max-model-len``; ``-tp`` -> ``--tensor-parallel-size``."""
@@ -135,6 +145,40 @@ def canonical(name: str) -> str:
     if name.startswith("--"):
         return "--" + name[2:].replace("_", "-")
     return name
+
+
+def _forms(name: str) -> tuple[str, str]:
+    """A flag's two spellings as argparse's ``BooleanOptionalAction`` has them: ``--x`` and ``--no-x``
+    (from either), one flag to vLLM."""
+    if name.startswith("--no-"):
+        return "--" + name[5:], name
+    return name, "--no-" + name[2:]
+
+
+def _read_once(name: str | None) -> str | None:
+    """A flag vLLM reads once (the last occurrence wins), by its ``--x`` spelling; None for any other
+    flag and for a positional."""
+    if name is None:
+        return None
+    key = _forms(name)[0]
+    return key if key in READ_ONCE_FLAGS or key in BOOLEAN_FLAGS else None
+
+
+def _one_each(entries: Iterable[_Entry]) -> tuple[_Entry, ...]:
+    """Entries where a flag vLLM reads once stands once: its last occurrence (argparse's answer, ``--x``
+    or ``--no-x``), where its first stood. The one place a flag is replaced, so no combination of the
+    user's flags, learned ones, the plan's and the remedies' can put one on the command line twice.
+    Flags that may repeat (``--middleware`` is ``append``) and positionals are left as given."""
+    entries = tuple(entries)
+    last = {key: e for e in entries if (key := _read_once(e.name)) is not None}
+    out: list[_Entry] = []
+    for e in entries:
+        key = _read_once(e.name)
+        if key is None:
+            out.append(e)
+        elif key in last:
+            out.append(last.pop(key))
+    return tuple(out)
 
 
 def _is_flag(token: str) -> bool:
@@ -216,7 +260,7 @@ class Flags:
     __slots__ = ("_entries", "_base")
 
     def __init__(self, entries: Iterable[_Entry] = (), base: Flags | None = None) -> None:
-        self._entries: tuple[_Entry, ...] = tuple(entries)
+        self._entries: tuple[_Entry, ...] = _one_each(entries)
         self._base = base
 
     @property
@@ -307,15 +351,16 @@ class Flags:
 
     # -- changes (each returns a new Flags) --------------------------------------------------
     def set(self, name: str, value: str | int | float | None = None) -> Flags:
-        """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood."""
+        """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood: every
+        occurrence of the flag, in either spelling (``--x``, ``--no-x``), is this one entry."""
         name = canonical(name)
         text = None if value is None else format_value(value)
         new = _Entry(name, text)
+        forms = _forms(name)
         out: list[_Entry] = []
         placed = False
-        neg = "--no-" + name[2:]
         for e in self._entries:
-            if e.name in (name, neg):
+            if e.name in forms:
                 if not placed:
                     out.append(new)
                     placed = True
@@ -326,10 +371,10 @@ class Flags:
         return Flags(out, self._base)
 
     def remove(self, name: str) -> Flags:
-        """Without ``name`` on the command line (a value from the config file still stands)."""
-        name = canonical(name)
-        neg = "--no-" + name[2:]
-        return Flags((e for e in self._entries if e.name not in (name, neg)), self._base)
+        """Without ``name`` on the command line, in either spelling (a value from the config file still
+        stands)."""
+        forms = _forms(canonical(name))
+        return Flags((e for e in self._entries if e.name not in forms), self._base)
 
     def argv(self) -> list[str]:
         out: list[str] = []

@@ -7,6 +7,7 @@ outside: its /status endpoint, its exit code, its output, and the processes left
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -215,7 +216,10 @@ def test_engine_death_exit_0_relaunches_with_unchanged_flags(run):
     s = g.wait_healthy(launches=2, timeout=60)
     first, second = s["launches"]
     assert first["outcome"] == "died" and first["kind"] == "engine_dead"
-    assert first["exit_code"] == 0
+    # vLLM's own exit 0 (its API server shuts down after the loss) is a death, never a clean end; or, when
+    # the guard saw the lost engine first, its stop 0.2 s later (issue 21: after serving, no waiting for a
+    # teardown that comes before serving again) ended it with SIGTERM
+    assert first["exit_code"] in (0, -signal.SIGTERM)
     assert first["argv"] == second["argv"]
     assert s["changed_flags"] == {}
     assert g.terminate() == 0

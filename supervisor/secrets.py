@@ -10,10 +10,24 @@ What is secret:
 - the values of secret-named environment variables (``VLLM_API_KEY``, ``HF_TOKEN``,
   ``HUGGING_FACE_HUB_TOKEN``, ``*_TOKEN``, ``*_KEY``, ``*_SECRET`` ...), and of secret-named keys inside
   a flag's JSON value (``--hf-overrides '{"token": ...}'``);
+- the parts of a URL that are credentials, which a library or an error message may print alone
+  (httpx names host and path, a proxy error its user): the user info (``user:password@``) of every
+  URL given in a flag or a variable (``--otlp-traces-endpoint``, ``HTTPS_PROXY``), its query values
+  under secret-named keys (``?token=``, ``?sig=``), and of a URL that is a credential as a whole
+  (:data:`CREDENTIAL_URL_FLAGS`: ``--notify-url``, Slack's and Discord's webhooks) the whole URL,
+  every query value and every path segment that looks like a token (:func:`url_secrets`);
 - the guard's own bearer token, and anything else registered with :meth:`Secrets.add`;
 - well-known shapes nobody registered (``hf_...``, ``sk-...``, ``Bearer ...``, ``user:pass@`` in a URL),
   and the value after a secret name in text (``api_key='K'``, ``"hf_token": "..."``,
   ``'api_key': ['K1', 'K2']`` as vLLM prints its arguments, ``HF_TOKEN=...``).
+
+Which of vLLM's flags are secret is decided here, once, for every flag of every release the guard
+knows (``supervisor/core/vllm_flags_data.py``): :data:`~supervisor.core.flags.VLLM_SECRET_FLAGS`
+(``--api-key``, ``--hf-token``, ``--watermark-config``: vLLM's own ``_SENSITIVE_ARG_FIELDS``) and the
+word rule, less :data:`NOT_SECRET_FLAGS`, the flags whose name holds a secret word but whose value is
+a number, a switch or a path (``--long-prefill-token-threshold``, ``--allow-credentials``). A path
+to a key (``--ssl-keyfile``) is not a secret: the file is, and the guard never reads it. A test
+holds that every flag of the table with a secret word in its name is decided one way or the other.
 
 Masking reads the registry at call time, so a value registered after a sink was made is masked
 there too; text (:meth:`Secrets.text`) and vLLM's raw lines (:meth:`Secrets.line`) use the same
@@ -39,6 +53,28 @@ SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passw
                           "credential", "credentials", "auth", "authorization"})
 _WORD_SPLIT = re.compile(r"[-_.\s]+")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+
+#: vLLM's flags whose name holds a secret word and whose value is no secret: a count or length of
+#: tokens, a token id, a switch (``--allow-credentials`` is CORS's ``Access-Control-Allow-Credentials``).
+#: A new flag of this kind fails ``tests/unit/test_secrets.py`` until it is put here or in
+#: ``VLLM_SECRET_FLAGS``; until then it is masked (a false alarm costs a masked number, a miss a key).
+NOT_SECRET_FLAGS = frozenset({
+    "--allow-credentials", "--no-allow-credentials",           # a switch
+    "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold",   # counts of tokens
+    "--long-prefill-token-threshold", "--long-prefill-token-threshold-adaptive",
+    "--no-long-prefill-token-threshold-adaptive",
+    "--max-prompt-adapter-token",                              # a count
+    "--image-token-id",                                        # a vocabulary id
+    "--return-tokens-as-token-ids", "--no-return-tokens-as-token-ids",   # a switch
+})
+
+#: Flags (the guard's and vLLM's) whose value is a URL that is a credential as a whole: a chat
+#: webhook's URL is its password (Slack's ``/services/T../B../XXXX``, Discord's ``/webhooks/ID/TOKEN``).
+CREDENTIAL_URL_FLAGS = frozenset({"--notify-url"})
+
+#: Query keys whose value is a credential in any URL (besides the secret words): signed URLs' ``sig``.
+_SECRET_QUERY_KEYS = frozenset({"sig", "signature", "x-amz-signature", "x-amz-credential", "x-goog-signature",
+                                "code", "access_token", "apikey", "pass", "pwd"})
 
 #: The guard's own variables a child never needs.
 NOT_FOR_VLLM = frozenset({"VLLM_GUARD_TOKEN"})
@@ -183,8 +219,11 @@ def is_secret_name(name: str) -> bool:
     or a flag vLLM itself treats as secret (``--watermark-config``)."""
     if not isinstance(name, str):
         return False
-    if canonical("--" + name.lstrip("-").replace("_", "-")) in VLLM_SECRET_FLAGS:
+    flag = canonical("--" + name.lstrip("-").replace("_", "-"))
+    if flag in VLLM_SECRET_FLAGS:
         return True          # also as the key vLLM prints its arguments under ('watermark_config')
+    if flag in NOT_SECRET_FLAGS:
+        return False
     spaced = _CAMEL.sub(r"\1_\2", name.lstrip("-"))
     words = {w for w in _WORD_SPLIT.split(spaced.lower()) if w}
     return bool(words & SECRET_WORDS)
@@ -198,15 +237,58 @@ def _secret_flag(name: str) -> bool:
     return is_secret_name(name)
 
 
+# A path segment or query value that looks like a token: long, URL-safe, letters and digits mixed
+# (Slack's 24-character hook secret, Discord's 68), or very long whatever it holds.
+_TOKEN_LIKE = re.compile(r"(?=[^/]*[0-9])(?=[^/]*[A-Za-z])[A-Za-z0-9._~+=%-]{12,}|[A-Za-z0-9._~+=%-]{32,}")
+
+
+def url_secrets(value: str, *, credential: bool = False) -> list[str]:
+    """The parts of a URL that are secrets, as written and percent-decoded: the user info (the
+    password, and a user that looks like a token: ``https://TOKEN@host``; not ``admin``, which
+    masked would shred every text naming it), the values of secret-named query keys; with
+    ``credential`` (a webhook URL) also the URL itself, its query and every query value and path
+    segment that looks like a token. [] for what is not a URL."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    if not isinstance(value, str) or "://" not in value:
+        return []
+    try:
+        parts = urlsplit(value.strip())
+        netloc = parts.netloc
+    except ValueError:
+        return []
+    found: list[str] = [value, value.strip()] if credential else []
+    if "@" in netloc:
+        userinfo = netloc.rpartition("@")[0]
+        user, _, password = userinfo.partition(":")
+        found += [userinfo, password, *([user] if _TOKEN_LIKE.fullmatch(unquote(user)) else [])]
+    for key, val in parse_qsl(parts.query, keep_blank_values=False):
+        if is_secret_name(key) or key.lower() in _SECRET_QUERY_KEYS or (credential and _TOKEN_LIKE.fullmatch(val)):
+            found.append(val)
+    if credential:
+        found += [seg for seg in parts.path.split("/") if _TOKEN_LIKE.fullmatch(seg)]
+        if parts.query:
+            found.append(parts.query)
+    out: list[str] = []
+    for v in found:
+        for form in (v, unquote(v)):
+            if form and form not in out:
+                out.append(form)
+    return out
+
+
 def argv_secrets(argv: Iterable[str]) -> list[str]:
-    """The values of secret flags in ``argv`` (every token after one, up to the next flag), and the
-    secret-named values inside any flag's JSON value."""
+    """The values of secret flags in ``argv`` (every token after one, up to the next flag), the
+    secret-named values inside any flag's JSON value, and the secret parts of any URL given."""
     found: list[str] = []
     for arg in split_args([str(t) for t in argv], greedy=_secret_flag):
         if arg.name is not None and _secret_flag(arg.name):
             found.extend(v for v in arg.values if v)
-        elif arg.name is not None:
-            for v in arg.values:
+            continue
+        credential = arg.name in CREDENTIAL_URL_FLAGS
+        for v in arg.values:
+            found.extend(url_secrets(v, credential=credential))
+            if arg.name is not None:
                 found.extend(_json_secrets(v))
     return found
 
@@ -275,6 +357,14 @@ class Secrets:
         for name, value in environ.items():
             if is_secret_name(name):
                 self.add(value)
+            for part in url_secrets(value):       # HTTPS_PROXY=http://user:password@proxy:3128
+                self.add(part)
+
+    def add_url(self, url: str, *, credential: bool = False) -> None:
+        """Register the secret parts of ``url`` (:func:`url_secrets`); ``credential``: the URL is a
+        password as a whole (a webhook's)."""
+        for part in url_secrets(url, credential=credential):
+            self.add(part)
 
     def add_argv(self, argv: Iterable[str]) -> None:
         """Register the values of the secret flags in ``argv``."""

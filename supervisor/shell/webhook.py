@@ -47,7 +47,7 @@ class Webhook:
                  wait: tenacity.wait.wait_base | None = None, deadline: float = DEADLINE,
                  on_result: Callable[[str], None] | None = None) -> None:
         self.url, self.model = url, model
-        REGISTRY.add(url)       # a webhook URL is a credential (Slack's, Discord's): never shown
+        REGISTRY.add_url(url, credential=True)   # a webhook URL is a credential (Slack's, Discord's), and each part
         self.host = socket.gethostname()
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=QUEUE)
         self._transport = transport

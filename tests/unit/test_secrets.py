@@ -222,3 +222,67 @@ def test_a_secret_in_any_form_registered_at_any_time_reaches_no_sink(data, tmp_p
         for where, content in sinks.items():
             assert value.encode() not in content, f"{value!r} ({form} {flag or var}) reached {where}"
     assert bodies and sinks["history.jsonl"] and sinks["vllm.log"]
+
+
+# --- which of vLLM's flags are secret: decided once, for every flag of every release ---------------
+
+
+def test_every_vllm_flag_whose_name_says_secret_is_decided():
+    # The flag table is generated from each release's own parser; a new flag with a secret word in its
+    # name must be put in VLLM_SECRET_FLAGS or NOT_SECRET_FLAGS (with why) before this passes.
+    import re as _re
+
+    from supervisor.core.flags import VLLM_SECRET_FLAGS
+    from supervisor.core.vllm_flags_data import OPTIONS
+    from supervisor.secrets import NOT_SECRET_FLAGS
+
+    words = {"token", "key", "apikey", "secret", "password", "passwd", "passphrase", "credential",
+             "credentials", "auth", "authorization"}
+    named = {f for f in OPTIONS if f.startswith("--") and words & set(_re.split(r"[-_]+", f[2:].lower()))}
+    assert named - VLLM_SECRET_FLAGS - NOT_SECRET_FLAGS == set()
+    assert NOT_SECRET_FLAGS <= set(OPTIONS) and not NOT_SECRET_FLAGS & VLLM_SECRET_FLAGS
+    for flag in NOT_SECRET_FLAGS:
+        assert not is_secret_name(flag)
+    # every flag vLLM takes that is secret to vLLM is secret to the guard, whatever its name
+    assert all(is_secret_name(f) for f in VLLM_SECRET_FLAGS)
+
+
+def test_a_flag_whose_value_is_a_count_of_tokens_is_shown():
+    argv = ["--long-prefill-token-threshold", "512", "--allow-credentials", "--api-key", "K1-aaaa"]
+    assert REGISTRY.argv(argv) == ["--long-prefill-token-threshold", "512", "--allow-credentials", "--api-key", MASK]
+
+
+# --- URLs: the parts a library or an error message prints alone -----------------------------------
+
+URL_PART = st.text(string.ascii_letters + string.digits, min_size=12, max_size=32).filter(
+    lambda s: any(c.isdigit() for c in s) and any(c.isalpha() for c in s))
+
+
+@settings(max_examples=150, deadline=None)
+@given(user=st.sampled_from(["bob", "guard"]) | URL_PART, password=URL_PART, query=URL_PART, seg=URL_PART,
+       key=st.sampled_from(["token", "api_key", "sig", "apikey", "X-Amz-Signature", "h"]),
+       where=st.sampled_from(["--notify-url", "--otlp-traces-endpoint", "HTTPS_PROXY", "NOTIFY"]),
+       shown=st.sampled_from(["{x}", "POST https://hooks.example/{x} failed", "user {x} refused",
+                              "401 for ?{k}={x}", "'{x}'"]))
+def test_no_secret_part_of_a_url_survives_alone(user, password, query, seg, key, where, shown):
+    url = f"https://{user}:{password}@hooks.example:8443/services/T0001/{seg}?{key}={query}&channel=general"
+    s = Secrets()
+    if where.startswith("--"):
+        s.add_argv([where, url])
+    elif where == "NOTIFY":
+        s.add_url(url, credential=True)
+    else:
+        s.add_environ({where: url})
+    secret = [password]
+    if where in ("--notify-url", "NOTIFY"):
+        secret += [seg, query, url]          # a webhook's URL is its password: its token-like parts too
+    elif key != "h":
+        secret.append(query)                 # a secret-named query key, in any URL
+    if len(user) >= 12:
+        secret.append(user)                  # a user that looks like a token (https://TOKEN@host)
+    for value in secret:
+        text = shown.format(x=value, k=key)
+        assert value not in s.text(text) and value.encode() not in s.line(text.encode()), (value, text)
+    # and nothing that is not a credential is taken for one: the host, a short user, the channel
+    assert "hooks.example" in s.text("hooks.example") and "general" in s.text("#general")
+    assert s.text("bob and the guard") == "bob and the guard"

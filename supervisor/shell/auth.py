@@ -23,7 +23,8 @@ import structlog
 
 from supervisor.config import ConfigError
 from supervisor.errors import StateError
-from supervisor.shell.statefiles import read_named_file, write_secret_file
+from supervisor.named_files import read_named_file
+from supervisor.shell.statefiles import write_secret_file
 
 log = structlog.get_logger("vllm_guard.auth")
 

@@ -38,6 +38,7 @@ from supervisor.facts.nvml import NvmlProvider
 from supervisor.facts.vllm_install import require_command
 from supervisor.shell import auth, learned, procs, sdnotify
 from supervisor.shell.child import Child
+from supervisor.shell.diskfaults import DISK_FAULTS
 from supervisor.shell.gpus import Gpus
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher, port_taken
 from supervisor.shell.live import render
@@ -45,7 +46,6 @@ from supervisor.shell.locks import StateDirLock
 from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober
 from supervisor.shell.report import Report
-from supervisor.shell.statefiles import DISK_FAULTS
 from supervisor.shell.status_server import StatusServer, StatusServerError
 
 log = structlog.get_logger("vllm-guard")

@@ -27,7 +27,8 @@ import psutil
 
 from supervisor.errors import StateError
 from supervisor.shell import auth
-from supervisor.shell.statefiles import FAULTS, ensure_dir, read_json, remove, set_aside, write_json
+from supervisor.shell.diskfaults import FAULTS
+from supervisor.shell.statefiles import ensure_dir, read_json, remove, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
 LAUNCH_FILE = "launch.json"

@@ -33,19 +33,31 @@ def read_named_file(path: str, what: str, limit: int, limit_text: str,
     (the person chose the path), but only a regular file of at most ``limit`` bytes is read, opened
     without blocking (a FIFO is refused, never waited on) and never read past the bound (``/dev/zero``, a
     log file); else ``error`` naming the file and the reason."""
+    got = read_named_optional(path, what, limit, limit_text, error)
+    if got is None:
+        raise error(f"{what} {path} does not exist")
+    return got
+
+
+def read_named_optional(path: str, what: str, limit: int, limit_text: str,
+                        error: type[ConfigError] = ConfigError, *, head: bool = False) -> bytes | None:
+    """:func:`read_named_file` for a file that may well be absent (a model's side files, the Hugging Face
+    cache's ref): None when nothing is at ``path``. ``head``: the first ``limit`` bytes are what is wanted
+    (the shebang of a command), so a longer file is not an error; it is still never read past them."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
+        return None
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise error(f"{what} {path} is not a regular file ({kind_of(st)})")
+        want = limit if head else limit + 1
         chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+        while size < want:
+            chunk = os.read(fd, min(1 << 20, want - size))
             if not chunk:
                 break
             chunks.append(chunk)

@@ -27,8 +27,6 @@ ALLOWED: dict[str, str | tuple[frozenset[str], str]] = {
     "supervisor/cli/diagnose.py": "reads a log a person names or pipes in: stdin, a pipe or a FIFO is valid "
                                   "input there, and nothing is written",
     "supervisor/cli/__init__.py": "opens /dev/null to silence stdout after a broken pipe (`vllm-guard logs | head`)",
-    "supervisor/facts/model_files.py": "reads the model's config.json (TODO: route through named_files)",
-    "supervisor/facts/vllm_install.py": "reads the shebang of vLLM's command (TODO: route through named_files)",
     "supervisor/shell/statelog.py": (frozenset({"os.rename()", "os.fdopen()"}),
                                      "every descriptor comes from open_state; it renames its own log to its older "
                                      "generation (<name> -> <name>.1) and wraps a door's descriptor for reading"),

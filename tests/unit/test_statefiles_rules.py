@@ -474,3 +474,46 @@ def test_tightening_a_dir_judges_each_entry_by_its_own_owner_not_its_target(tmp_
     assert events[0] == f"the state dir {d} was writable by other users; made it private (0700)"
     assert any(e.startswith(f"{d / 'theirs'} was made by another user while others could write {d}; moved it to ")
                for e in events), events
+
+
+@needs_root
+def test_only_the_guards_user_or_root_is_trusted_not_any_system_user(tmp_path):
+    p = tmp_path / "guard.json"
+    p.write_text("{}")
+    os.chown(p, 1, 1)                             # uid 1 (daemon on most systems): neither us nor root
+    with pytest.raises(StateError) as e:
+        sf.read_json(p)
+    assert str(e.value) == f"{p} is a file of uid 1; not using it"
+
+
+def test_a_file_whose_size_the_kernel_does_not_say_is_read_no_further_than_its_limit():
+    # /proc/self/status is a regular file of one link, root's, that fstat calls 0 bytes long, yet it reads
+    # as ~1 KiB: like a state file that grows after the door's check, the read itself must stop at the limit.
+    if os.geteuid() != 0:
+        pytest.skip("needs root: /proc/self/status is root's only for root")
+    with pytest.raises(StateError) as e:
+        sf.read_bytes("/proc/self/status", limit=100)
+    assert str(e.value) == "/proc/self/status is larger than 100 bytes"
+    assert sf.read_bytes("/proc/self/status", limit=1 << 20).startswith(b"Name:")
+
+
+def test_what_cannot_be_renamed_aside_is_removed_and_said(tmp_path):
+    # A name so long that "<name>.corrupt-<time>" passes NAME_MAX (255): the rename fails (ENAMETOOLONG).
+    p = tmp_path / ("x" * 240)
+    p.write_text("corrupt")
+    said: list[str] = []
+    assert sf.set_aside(p, "it was corrupt", said.append) is None
+    assert not os.path.lexists(p)
+    assert said == ["it was corrupt; could not move it aside (File name too long); removed it"]
+
+
+def test_what_can_be_neither_renamed_nor_removed_is_refused_saying_so(tmp_path):
+    p = tmp_path / ("d" * 240)
+    p.mkdir()
+    (p / "inside").write_text("x")                # a directory: unlink(2) refuses it
+    said: list[str] = []
+    with pytest.raises(StateError) as e:
+        sf.set_aside(p, "it was a directory", said.append)
+    assert str(e.value) == "it was a directory; could not move it aside (File name too long): move it away"
+    assert said == ["it was a directory; could not move it aside (File name too long) nor remove it"]
+    assert (p / "inside").read_text() == "x"

@@ -517,3 +517,13 @@ def test_what_can_be_neither_renamed_nor_removed_is_refused_saying_so(tmp_path):
     assert str(e.value) == "it was a directory; could not move it aside (File name too long): move it away"
     assert said == ["it was a directory; could not move it aside (File name too long) nor remove it"]
     assert (p / "inside").read_text() == "x"
+
+
+@needs_root
+def test_a_state_dir_of_a_system_user_is_refused_like_anyone_elses(tmp_path):
+    d = tmp_path / "daemons"
+    d.mkdir()
+    d.chmod(0o755)
+    os.chown(d, 1, 1)                             # uid 1: not the guard's user, not root
+    with pytest.raises(UnsafeDir, match=r"belongs to uid 1; another user could plant links"):
+        sf.ensure_dir(d)

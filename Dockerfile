@@ -18,8 +18,9 @@
 # --stop-timeout: Docker's default of 10 s is shorter than the guard's own stop grace (20 s).
 # See docs/kubernetes.md.
 
-# A released vLLM image; the guard reads vLLM's version and adapts to it.
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
+# A released vLLM image: the newest vLLM whose rules and options the guard knows (core/vllm.py's
+# NEWEST; a test holds the two together). The guard reads vLLM's version and adapts to any other tag.
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
 FROM ${VLLM_IMAGE}
 
 LABEL org.opencontainers.image.title="vllm-guard" \

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from supervisor.core.flags import Flags
-from supervisor.shell.child import LineSplitter
+from supervisor.core.vllm_text import LineSplitter
 
 _FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fakes")
 if _FAKES not in sys.path:

@@ -43,6 +43,13 @@ def overhead_section(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     data["react0"] = r0 = overhead.reaction_latency(0.0, args.latency_runs, 1)
     _say(f"fatal line -> SIGTERM, {args.latency_runs} runs, collection window 2 s (2 at a time) ...")
     data["react2"] = r2 = overhead.reaction_latency(2.0, args.latency_runs, 2)
+    from benchmarks import serve_again
+
+    _say(f"time to serve again after an engine death, {args.serve_again_runs} fresh guards on the fake vLLM ...")
+    data["serve_again"] = again = serve_again.serve_again(args.serve_again_runs)
+    if args.serve_again_real:
+        _say("time to serve again on the real CPU vLLM 0.32.0 (3 fresh guards, about a minute each) ...")
+        data["serve_again_real"] = serve_again.serve_again(3, real=True)
     rows = [
         {"measure": f"supervising a healthy server for {s['seconds']:g} s (--health-interval {s['health_interval']:g})",
          "figure": f"guard CPU {s['cpu_s']:.3f} s ({s['cpu_percent']:.2f}% of one core); peak RSS (VmHWM) "
@@ -56,7 +63,10 @@ def overhead_section(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         {"measure": (f"fatal line -> SIGTERM, default 2 s collection window ({r2['runs']} runs, "
                      f"{r2['parallel']} at a time)"),
          "figure": f"median {r2['median_ms']} ms, p99 {r2['p99_ms']} ms (min {r2['min_ms']}, max {r2['max_ms']})"},
+        serve_again.row(again),
     ]
+    if "serve_again_real" in data:
+        rows.append(serve_again.row(data["serve_again_real"]))
     return report.table(rows), data
 
 
@@ -105,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--supervise-seconds", type=float, default=60.0)
     ap.add_argument("--classifier-lines", type=int, default=1_000_000)
     ap.add_argument("--latency-runs", type=int, default=100)
+    ap.add_argument("--serve-again-runs", type=int, default=5,
+                    help="fresh guards whose engine is killed to time serving again (fake vLLM)")
+    ap.add_argument("--serve-again-real", action="store_true",
+                    help="also time serving again on the real CPU vLLM (scripts/setup-cpu-vllm; minutes)")
     ap.add_argument("--output-lines", type=int, default=1_000_000)
     ap.add_argument("--output-runs", type=int, default=3)
     ap.add_argument("--output-only", action="store_true",

@@ -420,6 +420,50 @@ _OPTIONS: list[tuple[str, str, Any, str | None, str]] = [
 ]
 
 
+#: Every option of the guard's own (``start``'s): ``serve`` takes those vLLM has none of, and a vLLM
+#: flag check names them as the guard's.
+GUARD_OPTIONS = frozenset(["--config", "--dry-run", *(o[0] for o in _OPTIONS)])
+#: Each guard option's environment variable.
+GUARD_OPTION_VARS = {"--config": ENV_CONFIG, "--dry-run": "VLLM_GUARD_DRY_RUN",
+                     **{o[0]: env_name(o[1]) for o in _OPTIONS}}
+#: Guard options that mean the same to vLLM (its model, host and port): vLLM's, as they stand.
+_SAME_FOR_VLLM = frozenset({"--model", "--host", "--port"})
+_SWITCHES = frozenset(["--dry-run", *(o[0] for o in _OPTIONS if isinstance(o[2], bool))])
+
+
+def split_serve_args(argv: list[str], vllm_has: typing.Callable[[str], bool]) -> tuple[list[str], list[str], list[str]]:
+    """``vllm-guard serve``'s arguments: (the guard's own options, vLLM's arguments, notes).
+
+    ``serve`` is ``vllm serve``'s command line, so an option vLLM has (``vllm_has``) stays vLLM's. The
+    guard's own options that vLLM has none of (``--dry-run``, ``--state-dir``, ``--status-port``,
+    ``--notify-url`` ...) are taken by the guard, as ``start`` would take them, never passed to vLLM;
+    ``--config FILE.toml`` is the guard's config file (vLLM reads only YAML). One that both have (such
+    as ``--log-level``) goes to vLLM, and a note points to the guard's ``VLLM_GUARD_*`` variable.
+    """
+    guard: list[str] = []
+    rest: list[str] = []
+    notes: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            rest += argv[i:]
+            break
+        name, eq, value = token.partition("=")
+        takes_value = name not in _SWITCHES
+        if not eq and takes_value and i + 1 < len(argv):
+            value = argv[i + 1]
+        ours = name in GUARD_OPTIONS and name not in _SAME_FOR_VLLM and (
+            not vllm_has(name) or (name == "--config" and value.endswith(".toml")))
+        if name in GUARD_OPTIONS and not ours and name not in _SAME_FOR_VLLM and name != "--config":
+            notes.append(f"{name} is vLLM's option too, so it goes to vLLM; the guard's own is "
+                         f"{GUARD_OPTION_VARS[name]}")
+        n = 2 if ours and takes_value and not eq else 1
+        (guard if ours else rest).extend(argv[i:i + n])
+        i += n
+    return guard, rest, notes
+
+
 def _dest(option: str) -> str:
     return option[2:].replace("-", "_")  # argparse's own dest: --health-interval -> health_interval
 

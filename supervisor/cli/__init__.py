@@ -1,4 +1,4 @@
-"""``vllm-guard``: serve | start | diagnose | plan | status | restart | stop | history | logs | ps.
+"""``vllm-guard``: serve | start | diagnose | plan | status | restart | stop | history | logs | ps | completion.
 
 Errors become exit codes only here (the codes and their meaning: :mod:`supervisor.errors`).
 """
@@ -15,7 +15,7 @@ from supervisor.errors import EX_OK, EX_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supervisor.cli import client, diagnose, plan, start
+    from supervisor.cli import client, completion, diagnose, plan, start
 
     parser = argparse.ArgumentParser(
         prog="vllm-guard",
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.add_parser(sub)
     plan.add_parser(sub)
     client.add_parsers(sub)
+    completion.add_parser(sub)
     return parser
 
 

@@ -2,8 +2,11 @@
 failure in saved vLLM logs.
 
 The same :class:`~supervisor.core.classifier.Classifier` the daemon runs on live output reads each file
-(``-`` is standard input) as bytes, in bounded chunks, so a bad encoding or a huge file never
-stops it; the same :class:`~supervisor.core.session.Session` the daemon asks says what it would do
+(``-`` is standard input: ``journalctl -u vllm-guard | vllm-guard diagnose -``) as bytes, through the
+daemon's own line splitter (``vllm_text.LineSplitter``: the same bounded lines its pipes give), so a
+bad encoding or a huge file never stops it; its normalisation takes off whatever carried the log
+(journald, docker, Kubernetes, a console, a paste's wrap, quotes and order), and the report says
+which. The same :class:`~supervisor.core.session.Session` the daemon asks says what it would do
 next, as if the log were its first launch with ``--flags``. Exit 0 when every file was read,
 whatever it holds; 2 when one could not be read (the others are still diagnosed).
 """
@@ -15,7 +18,6 @@ import json
 import math
 import random
 import sys
-from collections.abc import Iterator
 from typing import IO, Any
 
 from supervisor.config import GuardConfig, PlanConfig
@@ -24,11 +26,12 @@ from supervisor.core.diagnosis import Diagnosis
 from supervisor.core.flags import Flags
 from supervisor.core.model import ModelInfo
 from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
+from supervisor.core.vllm_text import CARRIERS, LineSplitter
 from supervisor.errors import EX_OK, EX_USAGE
 from supervisor.facts.model_files import load_model_info
 
 _CHUNK = 1 << 20        # read 1 MiB at a time
-_MAX_LINE = 4 << 20     # a "line" with no newline in 4 MiB is handed over as it is
+CARRIER_WHAT = {c.name: c.what for c in CARRIERS}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -66,48 +69,64 @@ def run(args: argparse.Namespace) -> int:
     model = _model(getattr(args, "model", None))
     for name in args.files:
         try:
-            diagnosis = _diagnose_file(name, getattr(args, "exit_code", None))
+            diagnosis, classifier = _diagnose_file(name, getattr(args, "exit_code", None))
         except OSError as e:
             print(f"vllm-guard diagnose: {name}: {e.strerror or e}", file=sys.stderr)
             status = EX_USAGE
             continue
         remedy = _next_step(diagnosis, args, model)
+        read = _read_as(classifier)
         if args.json:
-            print(json.dumps(_as_json(name, diagnosis, remedy), ensure_ascii=False), flush=True)
+            print(json.dumps({**_as_json(name, diagnosis, remedy), **read}, ensure_ascii=False), flush=True)
         else:
-            print(_as_text(name, diagnosis, remedy), flush=True)
+            print(_as_text(name, diagnosis, remedy, read), flush=True)
     return status
 
 
-def _diagnose_file(name: str, exit_code: int | None) -> Diagnosis:
+def _diagnose_file(name: str, exit_code: int | None) -> tuple[Diagnosis, Classifier]:
     classifier = Classifier()
     if name == "-":
-        for line in _lines(sys.stdin.buffer):
-            classifier.feed(line)
+        _read(sys.stdin.buffer, classifier)
     else:
         with open(name, "rb") as stream:
-            for line in _lines(stream):
-                classifier.feed(line)
-    return classifier.diagnose(exit_code)
+            _read(stream, classifier)
+    return classifier.diagnose(exit_code), classifier
 
 
-def _lines(stream: IO[bytes]) -> Iterator[bytes]:
-    """Lines of a byte stream in bounded memory (``\\r`` stays in; the classifier splits on it)."""
-    rest = b""
+def _read(stream: IO[bytes], classifier: Classifier) -> None:
+    """Feed a byte stream to the classifier as the daemon feeds a pipe: the same splitter, the same
+    bounded lines (a line is cut at ``vllm_text.MAX_LINE`` and the rest of it dropped)."""
+    splitter = LineSplitter()
     while True:
         chunk = stream.read(_CHUNK)
         if not chunk:
             break
-        rest += chunk
-        *lines, rest = rest.split(b"\n")
-        for line in lines:
-            for start in range(0, max(len(line), 1), _MAX_LINE):
-                yield line[start:start + _MAX_LINE]
-        while len(rest) > _MAX_LINE:
-            yield rest[:_MAX_LINE]
-            rest = rest[_MAX_LINE:]
-    if rest:
-        yield rest
+        for line in splitter.feed(chunk):
+            classifier.feed(line)
+    for line in splitter.close():
+        classifier.feed(line)
+
+
+def _read_as(classifier: Classifier) -> dict[str, Any]:
+    """How the log reached the classifier: the carrier whose prefixes were taken off, a terminal's wrap,
+    a console's newest-first order, the guard's own lines skipped (``vllm_text.Normalizer``)."""
+    text = classifier.text
+    carrier = text.carrier
+    return {"carrier": carrier, "carrier_what": CARRIER_WHAT.get(carrier or "", ""), "wrapped_at": text.wrap_width,
+            "newest_first": text.newest_first, "guard_lines": text.guard_lines}
+
+
+def _read_line(read: dict[str, Any]) -> str:
+    parts = []
+    if read["carrier"]:
+        parts.append(f"{read['carrier']} ({read['carrier_what']}) lines, their prefixes removed")
+    if read["wrapped_at"]:
+        parts.append(f"wrapped at {read['wrapped_at']} columns, re-joined")
+    if read["newest_first"]:
+        parts.append("listed newest first, read oldest first")
+    if read["guard_lines"]:
+        parts.append(f"{read['guard_lines']} of vllm-guard's own lines skipped")
+    return "; ".join(parts)
 
 
 def _model(name: str | None) -> ModelInfo | None:
@@ -157,10 +176,13 @@ def _as_json(name: str, d: Diagnosis, remedy: dict[str, Any]) -> dict[str, Any]:
             "remedy": fix}
 
 
-def _as_text(name: str, d: Diagnosis, remedy: dict[str, Any]) -> str:
+def _as_text(name: str, d: Diagnosis, remedy: dict[str, Any], read: dict[str, Any] | None = None) -> str:
     verdict = d.kind.value if not d.names_a_failure else (
         f"{d.kind.value} ({'healable' if remedy.get('healable') else 'not healable'}, during {d.phase})")
     out = [f"{name}: {verdict}", f"  {d.detail}"]
+    how = _read_line(read) if read else ""
+    if how:
+        out.append(f"  read as:  {how}")
     if d.evidence:
         out.append(f"  evidence: {d.evidence}")
     if d.numbers:

@@ -1,7 +1,8 @@
 """``vllm-guard start`` and ``vllm-guard serve``: run the guard in the foreground.
 
 ``serve MODEL [vLLM's flags]`` is ``vllm serve``'s command line, unchanged: every argument goes to
-vLLM, and the guard's own settings come from its config file and ``VLLM_GUARD_*`` variables.
+vLLM but the guard's own options vLLM has none of (``--dry-run``, ``--state-dir`` ...), and the
+guard's settings come from its config file and ``VLLM_GUARD_*`` variables too.
 ``start [guard options] --model MODEL [-- vLLM's flags]`` takes the guard's options on the
 command line too. ``--dry-run`` prints what the first launch would be, and why, then exits.
 """
@@ -23,9 +24,11 @@ from supervisor.errors import EX_OK, EX_USAGE, GuardError
 SERVE_HELP = """usage: vllm-guard serve MODEL [vLLM's own flags...]
 
 Run vLLM's OpenAI server under vllm-guard: `vllm serve`'s command line, unchanged. Every argument
-goes to vLLM (vLLM's --config YAML included, which the guard reads to know its values). The
-guard's own settings come from its config file ($VLLM_GUARD_CONFIG, ~/.config/vllm-guard/config.toml
-or /etc/vllm-guard/config.toml) and VLLM_GUARD_* variables, e.g.
+goes to vLLM (vLLM's --config YAML included, which the guard reads to know its values), except the
+guard's own options that vLLM has none of (--dry-run, --state-dir, --status-port, --notify-url, a
+--config FILE.toml ...: see `vllm-guard start --help`), which the guard takes. Its settings also
+come from its config file ($VLLM_GUARD_CONFIG, ~/.config/vllm-guard/config.toml or
+/etc/vllm-guard/config.toml) and VLLM_GUARD_* variables, e.g.
 
   VLLM_GUARD_STATE_DIR=/var/lib/vllm-guard  VLLM_GUARD_STATUS_PORT=8077  VLLM_GUARD_VLLM_COMMAND="vllm serve"
   VLLM_GUARD_NOTIFY_URL=https://hooks.example/...  VLLM_GUARD_LOG_FORMAT=json  VLLM_GUARD_DRY_RUN=1
@@ -49,14 +52,30 @@ def add_parser(sub: Any) -> None:
     s.set_defaults(func=lambda args: serve(getattr(args, "rest", [])))
 
 
+def _guard_options_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
+    config.add_start_arguments(p)
+    p.add_argument("--dry-run", action="store_true", default=None)
+    return p
+
+
 def serve(argv: Sequence[str]) -> int:
-    """``vllm-guard serve MODEL [vLLM's flags]``."""
+    """``vllm-guard serve MODEL [vLLM's flags]``: the guard's own options vLLM has none of are taken."""
+    from supervisor.core import vllm_options
+
     argv = list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(SERVE_HELP, end="", file=sys.stdout if argv else sys.stderr)
         return EX_OK if argv else EX_USAGE
-    dry = os.environ.get("VLLM_GUARD_DRY_RUN", "").lower() in ("1", "true", "yes", "on")
-    return run(argparse.Namespace(vllm_args=argv, dry_run=dry))
+    known = vllm_options.all_options()
+    guard, rest, notes = config.split_serve_args(argv, known.__contains__)
+    for text in notes:
+        print(f"vllm-guard serve: {text}", file=sys.stderr)
+    args = _guard_options_parser("vllm-guard serve").parse_args(guard)    # a bad value: argparse's exit 2
+    args.vllm_args = rest
+    if not args.dry_run:
+        args.dry_run = os.environ.get("VLLM_GUARD_DRY_RUN", "").lower() in ("1", "true", "yes", "on")
+    return run(args)
 
 
 def unrecognized_hint(extra: Sequence[str]) -> str:
@@ -103,18 +122,21 @@ def dry_run(cfg: config.GuardConfig) -> int:
     """The first launch the guard would make here and now, each changed flag with its reason."""
     from supervisor import facts
     from supervisor.core.session import Session
+    from supervisor.facts import preflight
     from supervisor.facts.nvml import NvmlProvider
     from supervisor.shell import auth, learned
 
     try:
+        checked = preflight.check(cfg, os.environ)
         gathered = facts.gather(cfg, os.environ, NvmlProvider())
         state_dir = os.path.abspath(os.path.expanduser(cfg.state_dir or config.default_state_dir(os.environ)))
         found, _key = (learned.learned_facts(cfg, gathered.facts, state_dir) if cfg.plan.learn
                        else (gathered.facts, None))
     except GuardError as e:
-        print(f"vllm-guard: {e}", file=sys.stderr)
+        what = "configuration error: " if isinstance(e, config.ConfigError) else ""
+        print(f"vllm-guard: {what}{e}", file=sys.stderr)
         return e.exit_code
-    for text in [*gathered.notes, *gathered.warnings]:
+    for text in [*checked, *gathered.notes, *gathered.warnings]:
         print(f"# {text}")
     session = Session(cfg, found, rng=random.Random(0))
     step = session.first_launch()

@@ -32,10 +32,10 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from supervisor.core import exits
-from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
+from supervisor.core.diagnosis import PHASES, UNKNOWN_PHASE, Diagnosis, Kind
 from supervisor.core.messages import (
     _CAPTURE,
     _CUDA,
@@ -54,54 +54,50 @@ from supervisor.core.messages import (
     _WARN_RULES,
     _WEAK_FRAMES,
     COLLATERAL_ERRORS,
+    ENGINE_BANNERS,
+    ENGINE_FILES,
+    ENGINE_PROCS,
+    ENGINE_WORDS,
+    PLUGIN_FILE,
+    RAISED_ONLY,
     REQUEST_ERRORS,
     REQUEST_FRAMES,
+    REQUEST_LOGS,
     RUNTIME_MARKERS,
+    SERVING_FRAMES,
     STOP_PREFIXES,
+    VOCABULARY,
     _info_numbers,
 )
+from supervisor.core.vllm_text import EXCEPTION_LINE as _EXC
+from supervisor.core.vllm_text import Level, Normalizer, Record
+from supervisor.core.vllm_text import normalize as normalize  # re-exported: the one normalisation, read here too
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 _KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 1 MB lines
 _EVIDENCE = 500       # evidence is trimmed to this many characters
-_JOIN_CAP = 8000      # a re-assembled wrapped record never grows past this
-_WRAP_WIDTH = 80      # terminal width of the hard-wrapped pastes we re-join
 _WRAPPER = 10         # the priority of rules that only say "see the root cause above"
 
-_INFO, _WARN, _ERROR, _RAW = 0, 1, 2, 3
-_LEVELS = {"DEBUG": _INFO, "INFO": _INFO, "WARNING": _WARN, "WARN": _WARN,
-           "ERROR": _ERROR, "CRITICAL": _ERROR}
-
-# Real ESC sequences, caret-notation pastes (``^[[0;36m``) and pastes that lost the ESC byte.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m|\x1b")
-_ANSI_HINT = ("\x1b", "^[", "m(", "[0", "[1", "[3")
-# Anything in front of the record: docker compose service, ISO timestamps, process and rank tags.
-_LEAD = re.compile(
-    r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+(?:, ip=[^)]*)?\)"
-    r"|\[rank(?P<rank>\d+)\]:"
-    r"|\[(?P<glog>[IWEF])(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]"
-    r"|[A-Za-z0-9][\w.-]*\s+\|(?=\s|$)"
-    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: std(?:out|err) [FP](?= ))?"
-    r")\s?"
-)
-_HEADER = re.compile(
-    r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\])\s?"
-    r"|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+"
-)
-_RANK = re.compile(r"(?:rank=|TP|rank)(\d+)")
-# Where to cut a log that was pasted with its line breaks lost.
-_SPLIT = re.compile(
-    r"(?<=\S)\s++(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
-    r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
-    r"|File \"|\[[IWEF](?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]|Killed$)"
-)
-_EOL = re.compile(r"[\r\n]+")
+_INFO, _WARN, _ERROR, _RAW = Level.INFO, Level.WARN, Level.ERROR, Level.RAW
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+,? in ([\w<>.]+)')   # faulthandler writes no comma
 _ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["'](\w+)["']""")
-_EXC = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
 _METHOD = re.compile(r"(?:Error executing method|while processing method) '?(\w+)")
-_RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
+_RAISED = re.compile(r"(?:Error|Exception|error)[:,] |^\s*raise ")      # ValueError: ..., pydantic's Value error, ...
+
+
+class Verdict(NamedTuple):
+    """The verdict so far: the line that decided it and what it says."""
+
+    prio: int
+    kind: Any             # a Kind, or one of messages' placeholders resolved by where it happened
+    evidence: str
+    numbers: dict[str, Any]
+    phase: str
+    placed: str = ""      # what placed an OOM: "message", "serving", "frames", "milestone"
+    provisional: bool = False   # vLLM only warned and may recover (a placement group Ray has not provided yet)
+    quiet: bool = False   # read from numbers a start-up line states: not announced while streaming (the
+    #                       error follows at once), withdrawn if the start-up goes on past it
+
 
 class Classifier:
     """Streaming classifier: feed it output lines, ask it for the verdict at any time."""
@@ -112,19 +108,19 @@ class Classifier:
         self._serving = False
         self._capture_done = False   # "Graph capturing finished": a later capture line is another launch's
         self._numbers: dict[str, Any] = {}
-        # the verdict so far: (priority, kind, evidence, numbers, phase, placed, provisional); `placed` says
-        # what placed an OOM ("message", "serving", "frames", "milestone"), `provisional` a verdict
-        # vLLM only warned about and may recover from (a placement group Ray has not provided yet)
-        self._best: tuple[int, Kind, str, dict[str, Any], str, str, bool] | None = None
+        self._best: Verdict | None = None
         self._announced = False
         self._terminated = False     # a KeyboardInterrupt: our own SIGTERM during start-up
         self._stopping = False       # the API server said it got a stop signal: what follows is its echo
         self._frame_phase: str | None = None   # the phase the current traceback's frames place it in
         self._frame_strong = False   # ... set by a frame of that phase itself, not a weak (serving/sampler) one
+        self._frame_serving = False  # ... runs through a frame only a serving vLLM runs (its busy loop, a request)
         self._recent_first = False   # faulthandler's dump: the innermost frame comes first
         self._other_thread = False   # ... of a thread other than the one that crashed
         self._after_fatal = False    # the frames just after a "Fatal Python error" belong to it
         self._request = False        # the current traceback is the API server handling one request
+        self._request_next = False   # ... and so is the next one (the handler logged its error first)
+        self._last_file = ""         # the file of the current traceback's last frame
         self._runtime = False        # a serving-time wrapper was seen: the engine was running when it died
         self._env_read: str | None = None     # the variable the current traceback's source line reads
         self._raise_open = False     # a `raise X(` source line whose message continues on the next line
@@ -134,10 +130,12 @@ class Classifier:
         self._exc_phase = ""         # where that exception happened (its frames, else the milestone)
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
         self._from_vllm = False      # a log header, a milestone or a traceback was seen
-        self._pending: tuple[str, int, int | None, bool] | None = None   # a wrapped record being re-joined
-        self._prev_width = 0
-        self._near_width = 0         # lines 70-80 columns wide: with none longer, the log was wrapped
-        self._long_seen = False
+        self._text = Normalizer(VOCABULARY)   # the one normalisation of vLLM's text
+        self._engine: str | None = None       # the engine generation its banner named
+        self._engine_seen = {"v0": 0, "v1": 0}   # ... else what its tags, files and words show
+        self._last_proc = ""
+        self.feed_errors = 0         # lines whose reading raised (a bug in a rule): counted, never raised
+        self.last_feed_error = ""
 
     # ------------------------------------------------------------------ public
     @property
@@ -153,37 +151,73 @@ class Classifier:
     @property
     def numbers(self) -> dict[str, Any]:
         """Numbers stated so far by milestone and configuration lines."""
-        return _public(dict(self._numbers))
+        return _public(self._with_engine(dict(self._numbers)))
+
+    @property
+    def engine(self) -> str | None:
+        """``"v0"`` or ``"v1"``: the engine generation the log shows (None: it shows neither)."""
+        if self._engine:
+            return self._engine
+        v0, v1 = self._engine_seen["v0"], self._engine_seen["v1"]
+        return None if v0 == v1 else ("v0" if v0 > v1 else "v1")
+
+    def _with_engine(self, numbers: dict[str, Any]) -> dict[str, Any]:
+        engine = self.engine
+        if engine and "engine" not in numbers:
+            numbers["engine"] = engine
+        return numbers
+
+    def _saw(self, engine: str) -> None:
+        self._engine_seen[engine] += 1
+
+    @property
+    def carrier(self) -> str | None:
+        """The carrier the log's lines came through (``journald``, ``compose``, ...), None for vLLM's own."""
+        return self._text.carrier
+
+    @property
+    def text(self) -> Normalizer:
+        """The normalisation stage (carriers seen, wrap width, order)."""
+        return self._text
 
     def feed(self, line: str | bytes) -> Diagnosis | None:
         """Take one line of output; return the verdict the first time a fatal line shows up."""
         try:
-            return self._feed(line)
-        except Exception:  # noqa: BLE001 - a log line must never take the daemon down
+            return self._feed(self._text.feed(line))
+        except Exception as e:  # noqa: BLE001 - a log line must never take the daemon down
+            self._failed(e)
             return None
 
     def diagnose(self, exit_code: int | None = None) -> Diagnosis:
         """The final verdict over everything seen; ``exit_code`` None means still running."""
-        self._flush()
+        try:
+            self._feed(self._text.flush())
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
         return self._verdict(exit_code)
 
+    def _failed(self, e: Exception) -> None:
+        self.feed_errors += 1
+        self.last_feed_error = f"{type(e).__name__}: {e}"[:200]
+
     def _verdict(self, exit_code: int | None) -> Diagnosis:
-        if self._best is not None and not (self._terminated and self._best[0] < 25):
-            prio, kind, evidence, nums, phase, placed, _ = self._best
+        if self._best is not None and not (self._terminated and self._best.prio < 25):
+            prio, kind, evidence, nums, phase, placed = self._best[:6]
             if prio <= _WRAPPER and (self._last_exc or self._exc_after_wrapper):
                 # a wrapper ("Engine core initialization failed") around a root cause no rule names
                 kind, evidence = Kind.UNKNOWN_FAILURE, self._last_exc or self._exc_after_wrapper
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
-            elif kind in _OOM_KINDS and placed == "milestone" and self._runtime:
+            elif kind in _OOM_KINDS and placed in ("milestone", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
-            numbers = {**self._numbers, **nums}
+            numbers = self._with_engine({**self._numbers, **nums})
             if kind is Kind.CONFIG_ERROR and "required_gpus" not in numbers and (
-                    "grace_s" in numbers or "placement group" in evidence or "available GPUs" in evidence):
+                    "grace_s" in numbers or "placement group" in evidence.lower()
+                    or "available gpus" in evidence.lower()):
                 tp = numbers.get("config_tensor_parallel_size")
                 if tp:
                     numbers["required_gpus"] = tp * (numbers.get("config_pipeline_parallel_size") or 1)
             return Diagnosis(kind, _trim(evidence), _public(numbers), phase, _detail(kind, numbers, phase))
-        numbers = _public(dict(self._numbers))
+        numbers = _public(self._with_engine(dict(self._numbers)))
         if self._terminated or self._stopping:
             return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
                              "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); "
@@ -215,97 +249,26 @@ class Classifier:
                          f"The start-up stops at '{self.phase}' before serving, with no failure in it.")
 
     # ------------------------------------------------------------------ internals
-    def _feed(self, line: str | bytes) -> Diagnosis | None:
-        if isinstance(line, (bytes, bytearray)):
-            line = bytes(line).decode("utf-8", "replace")
-        elif not isinstance(line, str):
-            line = str(line)
-        if "\x00" in line:
-            line = line.replace("\x00", "")
+    def _feed(self, records: list[Record]) -> Diagnosis | None:
         before = self._best
-        if line[-1:] == "\n":
-            line = line.rstrip("\r\n")
-        if "\r" in line or "\n" in line:
-            for seg in _EOL.split(line):
-                if seg:
-                    self._physical(seg)
-        elif line:
-            self._physical(line)
-        if self._best is not before and self._best is not None and not self._announced:
+        for text, level, rank, proc, pasted, joined in records:
+            self.lines.append(text[:_KEEP])
+            if proc is not None and proc != self._last_proc:
+                self._last_proc = proc
+                for tag, engine in ENGINE_PROCS:
+                    if proc.startswith(tag):
+                        self._saw(engine)
+                        break
+            if level != _RAW:
+                self._from_vllm = True
+            # an INFO line joined to what may be the next record: never a failure (None)
+            self._line(text, level, rank, None if joined and level == _INFO else pasted)
+        if self._best is not before and self._best is not None and not self._announced and not self._best.quiet:
             self._announced = True
             return self._verdict(None)
         return None
 
-    def _physical(self, seg: str) -> None:
-        if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
-            seg = _ANSI.sub("", seg)
-        if len(seg) > 400 and _SPLIT.search(seg, 1):
-            # A log pasted with its line breaks lost: cut it back into records, keeping each
-            # process tag or log header together with the message that follows it.
-            pieces: list[str] = []
-            carry = ""
-            for piece in _SPLIT.split(seg):
-                if not piece:
-                    continue
-                if len(carry) < 256 and not _strip(carry + piece)[0].strip():
-                    carry += piece + " "
-                    continue
-                pieces.append(carry + piece)
-                carry = ""
-            if carry:
-                pieces.append(carry)
-            if len(pieces) > 1:
-                for piece in pieces:
-                    self._one(piece, pasted=True)
-                return
-        self._one(seg)
-
-    def _one(self, seg: str, pasted: bool = False) -> None:
-        width = len(seg)
-        text, level, rank = _strip(seg)
-        self.lines.append(text[:_KEEP])
-        if level != _RAW:
-            self._from_vllm = True
-        if width > _WRAP_WIDTH:
-            self._long_seen = True
-        elif width >= 70:
-            self._near_width += 1
-        # A log copied from an 80-column terminal: a header-less line after an 80-ish one
-        # continues the record. Once the log is known to be wrapped (no line ever longer, several
-        # close to the width) a record is classified only when whole; before that each piece is
-        # classified as it comes and the growing record again, so nothing waits on a live pipe.
-        maybe_wrapped = not self._long_seen
-        confirmed = maybe_wrapped and self._near_width >= 3
-        if self._pending is not None:
-            ptext, plevel, prank, done = self._pending
-            if (maybe_wrapped and level == _RAW and 60 <= self._prev_width <= _WRAP_WIDTH
-                    and not text.lstrip().startswith(_RECORD_STARTS)
-                    and (self._prev_width == _WRAP_WIDTH or not (_EXC.match(text) or ptext.startswith("    ")))):
-                joined = ptext + text if self._prev_width == _WRAP_WIDTH else ptext.rstrip() + " " + text.lstrip()
-                prank = prank if prank is not None else rank
-                self._pending = (joined[:_JOIN_CAP], plevel, prank, done and not confirmed)
-                if not confirmed:   # maybe a continuation, maybe a record of its own: read it both ways
-                    self._line(text, level, rank)
-                    self._line(self._pending[0], plevel, prank)
-                self._prev_width = width
-                return
-            self._flush()
-        if maybe_wrapped and 60 <= width <= _WRAP_WIDTH and not pasted:
-            self._pending = (text, level, rank, not confirmed)
-            if not confirmed:
-                self._line(text, level, rank)
-        else:
-            self._line(text, level, rank, pasted)
-        self._prev_width = width
-
-    def _flush(self) -> None:
-        if self._pending is not None:
-            text, level, rank, done = self._pending
-            self._pending = None
-            if not done:
-                self._line(text, level, rank)
-
-    def _line(self, text: str, level: int, rank: int | None, pasted: bool = False) -> None:
+    def _line(self, text: str, level: int, rank: int | None, pasted: bool | None = False) -> None:
         stripped = text.lstrip()
         if stripped.startswith("File \""):
             m = _FRAME.match(stripped)
@@ -314,14 +277,16 @@ class Classifier:
                 rest = stripped[m.end():]
                 if len(rest) > 40 and ("Error" in rest or "Exception" in rest):   # a paste that lost its breaks
                     self._check(rest, level, rank)
+                    self._open_traceback = ""      # ... and the exception line that ends the traceback
             return
         elif stripped.startswith("Traceback (most recent call last)"):
-            self._frame_phase, self._frame_strong, self._env_read = None, False, None
-            self._recent_first = self._after_fatal = self._raise_open = self._request = self._other_thread = False
+            self._frame_phase, self._frame_strong, self._env_read, self._frame_serving = None, False, None, False
+            self._recent_first = self._after_fatal = self._raise_open = self._other_thread = False
+            self._request, self._request_next, self._last_file = self._request_next, False, ""
             self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
             return
         elif stripped.endswith("(most recent call first):"):   # faulthandler's dump of a dying interpreter
-            self._frame_phase, self._frame_strong, self._recent_first = None, False, True
+            self._frame_phase, self._frame_strong, self._recent_first, self._frame_serving = None, False, True, False
             self._other_thread = stripped.startswith("Thread ")   # not the one that crashed ("Current thread")
             self._from_vllm = True
             return
@@ -337,17 +302,21 @@ class Classifier:
         if self._pydantic and text.startswith("  ") and not text.startswith("    ") and self._best is not None:
             self._pydantic = False       # pydantic's detail line: the message its config class raised
             best = self._best
-            if "validation error for" in best[2] and len(best[2]) < _EVIDENCE:
-                self._best = (best[0], best[1], f"{best[2]}: {stripped}", *best[3:])
+            if "validation error for" in best.evidence and len(best.evidence) < _EVIDENCE:
+                self._best = best._replace(evidence=f"{best.evidence}: {stripped}")
         if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text or "engine (v" in text
                                 or "max_seq_len=" in text or "parallel_size" in text
                                 or (self._phase <= 1 and "version" in text)):
             self._milestone(text, level, rank)
+        if level != _INFO and text.startswith(REQUEST_LOGS):
+            self._request_next = True    # a request's error: the server serves, the traceback is the request's
+            if not self._serving:
+                self._serving, self._phase = True, _PHASE["serving"]
         if level == _INFO:
             if not self._serving and (text.startswith(_SERVING_PREFIXES) or ' HTTP/1.1" ' in text):
                 self._serving = True     # a request served: the start-up line may not have been kept
                 self._phase = _PHASE["serving"]
-            if not pasted and "error: " not in text:
+            if pasted is None or (not pasted and "error: " not in text):
                 return   # INFO/DEBUG records never carry a failure
             pasted = True   # an argparse error glued to an INFO record (a paste without line breaks)
         if level == _WARN:
@@ -359,10 +328,19 @@ class Classifier:
 
     def _frame(self, m: re.Match[str], stripped: str) -> None:
         """A traceback frame: where the failure happened, read from the deepest frame of a known phase."""
-        self._open_traceback = stripped[:200]
+        self._open_traceback = "" if self._request else stripped[:200]    # a request's: never the start-up's
         self._from_vllm = True
+        path = self._last_file = m.group(1)
+        if "/vllm/" in path:
+            for part, engine in ENGINE_FILES:
+                if part in path:
+                    self._saw(engine)
+                    break
         name = m.group(2).rsplit(".", 1)[-1]
-        where = _FRAME_PHASE.get(name)
+        ours = "vllm" in m.group(1)      # vLLM's own files (and its plugins'): torch._dynamo has a `step` too
+        if ours and name in SERVING_FRAMES and not self._other_thread:
+            self._frame_serving = True
+        where = _FRAME_PHASE.get(name) if ours else None
         if where is None and ("torch/cuda/graphs" in m.group(1) or "CUDAGraph::capture" in stripped):
             where = "cudagraph"      # only real capture enters torch.cuda.graph (Python or C++)
         if where is None:
@@ -378,12 +356,13 @@ class Classifier:
         elif not weak or self._frame_phase is None:
             self._frame_phase, self._frame_strong = where, not weak
         best = self._best
-        if self._after_fatal and best is not None and best[1] is Kind.UNKNOWN_FAILURE and not self._serving:
+        if self._after_fatal and best is not None and best.kind is Kind.UNKNOWN_FAILURE and not self._serving:
             if where == "cudagraph":     # the interpreter died inside CUDA-graph capture
-                self._best = (best[0], Kind.OOM_CUDAGRAPH, best[2], best[3], "cudagraph", "frames", False)
+                self._best = best._replace(kind=Kind.OOM_CUDAGRAPH, phase="cudagraph", placed="frames",
+                                           provisional=False)
                 self._after_fatal = False
             elif not weak:               # faulthandler's innermost frame of a known phase
-                self._best = (*best[:4], where, "frames", False)
+                self._best = best._replace(phase=where, placed="frames", provisional=False)
                 self._after_fatal = False
 
     def _raise_line(self, stripped: str, level: int, rank: int | None) -> None:
@@ -397,6 +376,14 @@ class Classifier:
                 return
 
     def _milestone(self, text: str, level: int = _INFO, rank: int | None = None) -> None:
+        if text[:1] in "IGAM#tCLSE":       # the first letters of ENGINE_BANNERS' and ENGINE_WORDS' texts
+            for banner, engine in ENGINE_BANNERS:
+                if text.startswith(banner):
+                    self._engine = engine
+            for word, engine in ENGINE_WORDS:
+                if text.startswith(word):
+                    self._saw(engine)
+                    break
         for prefix, phase in _MILESTONES:
             if text.startswith(prefix):
                 new = _PHASE[phase]
@@ -410,8 +397,11 @@ class Classifier:
                 if phase == "serving":
                     self._serving = True
                 self._frame_phase, self._frame_strong = None, False   # a new stage: the old traceback is done
-                if self._best is not None and self._best[6] and new >= _PHASE["loading"]:
+                self._frame_serving = False
+                if self._best is not None and self._best.provisional and new >= _PHASE["loading"]:
                     self._best, self._announced = None, False   # the placement group came after all
+                elif self._best is not None and self._best.quiet and new > _PHASE["kv_cache"]:
+                    self._best = None            # no KV cache blocks, and it went on: an attention-free model
                 break
         else:
             if text.startswith(_INFO_PREFIXES):
@@ -427,6 +417,12 @@ class Classifier:
         if old and "vllm_version" in found and not found["vllm_version"].startswith(old):
             del found["vllm_version"]   # the first launch's version stands
         self._numbers.update(found)
+        if found.get("available_kv_gib", 1) <= 0 or found.get("num_gpu_blocks", 1) == 0:
+            # nothing left for the KV cache, as the sizing line says it (vLLM raises "No available memory
+            # for the cache blocks" right after; a paste may stop before it). An attention-free model has
+            # no blocks and goes on: the verdict is withdrawn when the start-up passes this phase.
+            self._offer(20, Kind.NO_KV_CACHE_MEMORY, text, {k: found[k] for k in ("available_kv_gib", "num_gpu_blocks")
+                                                             if k in found}, "kv_cache", quiet=True)
 
     def _new_launch(self) -> None:
         """A second launch's banner in the same log: its start-up starts over."""
@@ -453,7 +449,7 @@ class Classifier:
 
     def _place(self) -> str:
         """Where the failure being read happened: serving, else the traceback's frames, else the milestone."""
-        if self._serving:
+        if self._serving or self._frame_serving:
             return "serving"
         return self._frame_phase or self.phase
 
@@ -472,6 +468,11 @@ class Classifier:
             return
         if not self._runtime and any(m in text for m in RUNTIME_MARKERS):
             self._runtime = True
+        if "Engine" in text:
+            for word, engine in ENGINE_WORDS:
+                if word in text:
+                    self._saw(engine)
+                    break
         hit = None
         for key, index in _KEYS:
             if key in text:
@@ -482,6 +483,8 @@ class Classifier:
                 self._unrecognised(text, level, rank)
             return
         keys, kind, prio, extract = _RULES[hit]
+        if level == _RAW and any(k in text for k in RAISED_ONLY) and not _RAISED.search(text):
+            return   # also a WARNING's text: without its header only the raised form is the failure
         prio = min(prio, cap)
         if (self._terminated or self._stopping) and prio < 30:
             return   # the wrappers our own SIGTERM provokes are not failures
@@ -517,6 +520,11 @@ class Classifier:
             numbers = {"rank": rank} if rank is not None else {}
             self._offer(30, Kind.OOM_CUDAGRAPH, text, numbers, "cudagraph")
             return
+        plugin = PLUGIN_FILE.search(self._last_file) if self._last_file else None
+        if plugin and not self._terminated:
+            # raised in a vLLM plugin's own code: a plugin built for another vLLM (an installation error)
+            self._offer(20, Kind.CONFIG_ERROR, text, {"plugin": plugin.group(1)}, self._place())
+            return
         if self._best is None:
             if not self._last_exc:
                 self._last_exc = text[:_KEEP]    # the first: the root cause, before the wrappers' echoes
@@ -526,145 +534,103 @@ class Classifier:
             self._exc_phase = self._exc_phase or self._place()
 
     def _in_capture(self) -> bool:
-        if self._serving:
+        if self._serving or self._frame_serving:
             return False
         if self._frame_phase is not None:
             return self._frame_phase == "cudagraph"
         return self._phase == _PHASE["cudagraph"]
 
     def _where_oom(self, text: str) -> tuple[Kind, str, str]:
-        """Place an OOM: (kind, phase, what placed it). The message itself, then serving, then the
-        traceback's frames, then the serving-time wrappers, then the last start-up milestone."""
+        """Place an OOM: (kind, phase, what placed it), from evidence only: the message itself, then
+        serving (its start-up line, its traffic, a request), then the traceback's frames (one only a
+        serving vLLM runs; else the deepest of a known phase), then the last start-up milestone seen
+        before it; with none, its phase is unknown. (The serving-time wrappers, wherever they are in the
+        log, move an OOM placed by a milestone or by nothing to serving: :meth:`_verdict`.)"""
         if "not enough GPU memory" in text or "linear weights" in text or "allocate the weight" in text:
             return Kind.OOM_WEIGHTS, "loading", "message"
         sampler = "warming up" in text          # the sampler/pooler warm-up: profiling, or after capture
         if self._serving:
             where, placed = "serving", "serving"
+        elif self._frame_serving:
+            where, placed = "serving", "frames"
         elif self._frame_phase is not None and (self._frame_strong or not sampler):
             where, placed = self._frame_phase, "frames"
-        elif self._runtime or any(m in text for m in _OOM_RUNTIME_TEXT):
-            where, placed = "serving", "frames"
+        elif sampler:
+            return (Kind.OOM_PROFILE, "profiling" if self._phase <= _PHASE["profiling"] else "warmup",
+                    "message" if not self._phase else "milestone")
+        elif not self._phase:
+            # nothing says where: read as the phase the output reached ("launching"), the phase unknown
+            return Kind.OOM_WEIGHTS, UNKNOWN_PHASE, "none"
         else:
             where, placed = self.phase, "milestone"
-            if sampler:
-                where = "profiling" if self._phase <= _PHASE["profiling"] else "warmup"
         if sampler:
             return Kind.OOM_PROFILE, where if where in ("profiling", "warmup") else "profiling", placed
-        if where in ("launching", "config", "engine_init", "loading"):
-            return Kind.OOM_WEIGHTS, where, placed
-        if where in ("profiling", "warmup"):
-            # warm-up (compile sizes, kernel warm-up, DeepGEMM, FlashInfer autotune) runs after the KV
-            # cache took its share; eager mode would not skip it, the profile's ladder frees what it needs
-            return Kind.OOM_PROFILE, where, placed
-        if where == "kv_cache":
-            # V1 logs nothing when capture starts, so after "GPU KV cache size" an OOM without
-            # frames is most likely the capture; V0 announces its capture, so there it is the KV
-            # allocation itself, which is sized during profiling.
-            if placed == "frames" or "num_gpu_blocks" in self._numbers:
-                return Kind.OOM_PROFILE, where, placed
-            return Kind.OOM_CUDAGRAPH, "cudagraph", placed
-        if where == "cudagraph":
-            return Kind.OOM_CUDAGRAPH, where, placed
-        return Kind.OOM_RUNTIME, "serving", placed
+        kind, where = _oom_at(where, frames=placed == "frames", v0=("num_gpu_blocks" in self._numbers))
+        return kind, where, placed
 
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
-               provisional: bool = False) -> None:
+               provisional: bool = False, quiet: bool = False) -> None:
         best = self._best
-        if best is None or prio > best[0]:
-            self._best = (prio, kind, text, numbers, phase, placed, provisional)
-        elif best[1] in _OOM_KINDS and kind in _OOM_KINDS and prio == best[0]:
+        if best is None or prio > best.prio:
+            self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional, quiet)
+        elif best.quiet and prio == best.prio and not quiet:
+            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
+        elif prio == best.prio and _whole(best.evidence, text):
+            # the same record whole again (a piece of a wrapped line was read on its own first)
+            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
+        elif best.kind in _OOM_KINDS and kind in _OOM_KINDS and prio == best.prio:
             # V0 logs str(e) before the traceback: a later copy with frames places it better.
-            merged = {**numbers, **best[3]}
-            if best[5] == "milestone" and placed in ("frames", "serving"):
-                self._best = (prio, kind, best[2], merged, phase, placed, False)
+            merged = {**numbers, **best.numbers}
+            if (best.placed == "milestone" and placed in ("frames", "serving")
+                    or best.placed == "none" and placed in ("frames", "serving", "milestone")):
+                self._best = Verdict(prio, kind, best.evidence, merged, phase, placed, False)
             else:
-                self._best = (prio, best[1], best[2], merged, best[4], best[5], False)
-        elif kind is best[1] and prio == best[0] and best[6] and not provisional:
+                self._best = best._replace(numbers=merged, provisional=False)
+        elif kind is best.kind and prio == best.prio and best.provisional and not provisional:
             # vLLM gave up waiting (a placement group it could not get): its own error says it best
-            merged = {k: v for k, v in {**best[3], **numbers}.items() if k != "grace_s"}
-            self._best = (prio, kind, text, merged, phase, placed, False)
-        elif kind is best[1] and prio == best[0] and len(numbers) > len(best[3]):
-            self._best = (prio, kind, best[2], {**numbers, **best[3]}, best[4], best[5], best[6] and provisional)
+            merged = {k: v for k, v in {**best.numbers, **numbers}.items() if k != "grace_s"}
+            self._best = Verdict(prio, kind, text, merged, phase, placed, False)
+        elif kind is best.kind and prio == best.prio and len(numbers) > len(best.numbers):
+            self._best = best._replace(numbers={**numbers, **best.numbers},
+                                       provisional=best.provisional and provisional)
+
+
+def _oom_at(where: str, *, frames: bool = False, v0: bool = False) -> tuple[Kind, str]:
+    """The kind of an out-of-memory error in a phase (docs/failure-catalogue.md, "Placing a failure")."""
+    if where in ("launching", "config", "engine_init", "loading"):
+        return Kind.OOM_WEIGHTS, where
+    if where in ("profiling", "warmup"):
+        # warm-up (compile sizes, kernel warm-up, DeepGEMM, FlashInfer autotune) runs after the KV
+        # cache took its share; eager mode would not skip it, the profile's ladder frees what it needs
+        return Kind.OOM_PROFILE, where
+    if where == "kv_cache":
+        # V1 logs nothing when capture starts, so after "GPU KV cache size" an OOM without frames is
+        # most likely the capture; V0 announces its capture, so there it is the KV allocation itself
+        if frames or v0:
+            return Kind.OOM_PROFILE, where
+        return Kind.OOM_CUDAGRAPH, "cudagraph"
+    if where == "cudagraph":
+        return Kind.OOM_CUDAGRAPH, where
+    return Kind.OOM_RUNTIME, "serving"
+
+
+def place(d: Diagnosis, phase: str) -> Diagnosis:
+    """An out-of-memory error nothing in the log placed (phase ``unknown``), read where the launch was:
+    ``phase`` is the phase the daemon's live stream last reached (``serving`` once a probe answered)."""
+    if d.phase != UNKNOWN_PHASE or d.kind not in _OOM_KINDS:
+        return d
+    kind, where = _oom_at(phase, v0="num_gpu_blocks" in d.numbers)
+    return Diagnosis(kind, d.evidence, dict(d.numbers), where,
+                     _detail(kind, d.numbers, where) + f" (The log did not say where; the launch had reached {phase}.)")
+
+
+def _whole(piece: str, text: str) -> bool:
+    """``text`` is ``piece``'s record whole (a piece of a wrapped line was read on its own first)."""
+    return len(text) > len(piece) >= 20 and piece in text
 
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})
-# An OOM that names the running engine: V0's model-execution wrapper, the MQ client's dead engine.
-_OOM_RUNTIME_TEXT = ("Error in model execution", "MQEngineDeadError", "Engine loop is not running",
-                     "EngineDeadError")
 _SOURCE = 20          # a `raise` source line of a traceback cut off before its exception line
-
-
-_FAST = re.compile(
-    r"(?:\((?P<proc>[A-Za-z_][\w-]*(?: [\w=.-]+)*) pid=\d+\) ?)?"
-    r"(?:(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
-)
-_RANK_OF: dict[str, int | None] = {}
-
-
-def _rank_of(proc: str) -> int | None:
-    """TP rank from a process tag such as ``Worker_TP1`` or ``VllmWorker rank=1`` (cached)."""
-    if proc not in _RANK_OF:
-        if len(_RANK_OF) > 4096:
-            _RANK_OF.clear()
-        m = _RANK.search(proc)
-        _RANK_OF[proc] = int(m.group(1)) if m else None
-    return _RANK_OF[proc]
-
-
-def _strip(seg: str) -> tuple[str, int, int | None]:
-    """Remove prefixes and the log header; return (message, level, TP rank or None)."""
-    m = _FAST.match(seg)   # the common case: one optional process tag, then a log header
-    if m:
-        proc = m.group("proc")
-        rank = _rank_of(proc) if proc else None
-        text = seg[m.end():]
-        if text[:1] == "(":   # 0.31+ puts the process tag inside the log format
-            m2 = _LEAD.match(text)
-            if m2 and m2.group("proc"):
-                rank = _rank_of(m2.group("proc"))
-                text = text[m2.end():]
-        return text, _LEVELS[m.group("lvl") or m.group("ulvl")], rank
-    text = seg
-    rank = None
-    level = _RAW
-    for _ in range(6):
-        c = text[:1]
-        if not (c == "(" or c == "[" or c.isdigit() or "|" in text[:64]):
-            break
-        m = _LEAD.match(text)
-        if not m or not m.group(0):
-            break
-        if m.group("rank"):
-            rank = int(m.group("rank"))
-        elif m.group("proc"):
-            rank = _rank_of(m.group("proc"))
-        elif m.group("glog"):
-            level = {"I": _INFO, "W": _WARN}.get(m.group("glog"), _ERROR)
-        text = text[m.end():]
-    c = text[:1]
-    if c in "DIWEC" or c.isdigit():
-        m = _HEADER.match(text)
-        if m:
-            lvl = m.group("lvl") or m.group("ulvl")
-            level = _LEVELS.get(lvl, _ERROR) if lvl else _RAW
-            text = text[m.end():]
-            if text[:1] == "(":
-                m = _LEAD.match(text)
-                if m and m.group("proc"):
-                    rank = _rank_of(m.group("proc"))
-                    text = text[m.end():]
-    return text, level, rank
-
-
-def normalize(line: str | bytes) -> str:
-    """The message of one log line: ANSI colour, ``\\r``, prefixes and log header removed."""
-    if isinstance(line, (bytes, bytearray)):
-        line = bytes(line).decode("utf-8", "replace")
-    line = line.replace("\x00", "").replace("\r", "").replace("\n", " ")
-    if any(h in line for h in _ANSI_HINT):
-        line = _ANSI.sub("", line)
-    return _strip(line)[0].strip()
 
 
 def classify(lines: Iterable[str | bytes], exit_code: int | None = None) -> Diagnosis:
@@ -766,6 +732,10 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
         elif kind is Kind.OOM_PROFILE and phase == "kv_cache":
             where = "allocating the KV cache"
         tried = f" (tried to allocate {n['tried_to_allocate_mib']} MiB)" if "tried_to_allocate_mib" in n else ""
+        if phase == UNKNOWN_PHASE:
+            return (f"The GPU ran out of memory{tried}; nothing in the log says where (no traceback frames, "
+                    "no start-up or serving lines before it), so it is read as the phase the output reached: "
+                    "loading the weights, the start-up's first.")
         return f"The GPU ran out of memory {where}{tried}."
     if kind is Kind.MAX_LEN_EXCEEDS_MODEL:
         return (f"max_model_len {n.get('max_model_len', '?')} is above the model's own limit of "
@@ -773,6 +743,9 @@ def _detail(kind: Kind, n: dict[str, Any], phase: str) -> str:
     if kind is Kind.CONFIG_ERROR:
         if "required_gpus" in n or "required_placement_groups" in n:
             return _gpus_detail(n)
+        if n.get("plugin"):
+            return (f"The vLLM plugin {n['plugin']} failed in its own code: usually a plugin built for another vLLM "
+                    "release. Install the plugin's release that matches this vLLM; changing flags will not help.")
         if n.get("env_var"):
             return (f"vLLM could not read the environment variable {n['env_var']}: set it to a valid value "
                     "or unset it; changing flags will not help.")

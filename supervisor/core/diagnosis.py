@@ -51,6 +51,11 @@ PHASES = (
     "api_starting",   # "init engine ... took" / "Starting vLLM API server"
     "serving",        # "Application startup complete."
 )
+#: The phase of a failure nothing in the log places (an out-of-memory error with no frames, no start-up
+#: or serving line before it): the daemon reads it as the phase its live stream last reached.
+UNKNOWN_PHASE = "unknown"
+#: Every phase a diagnosis can name.
+VERDICT_PHASES = PHASES + (UNKNOWN_PHASE,)
 
 
 @dataclass(frozen=True)

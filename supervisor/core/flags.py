@@ -13,8 +13,20 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-#: Flags that take no value (``store_true`` or ``BooleanOptionalAction`` in vLLM).
-BOOLEAN_FLAGS = frozenset(
+from supervisor.core import vllm_flags_data
+
+
+def _valueless_in_every_release() -> frozenset[str]:
+    """vLLM's options that take no value in every release that has them (its own parsers, as
+    :mod:`supervisor.core.vllm_flags_data` records them): switches, ``--no-`` and ``--disable-`` forms."""
+    return frozenset(name for name, spans in vllm_flags_data.OPTIONS.items()
+                     if name.startswith("--") and all(kind in ("0", "b") for _first, _last, kind, _main in spans))
+
+
+#: Flags that take no value (``store_true`` or ``BooleanOptionalAction`` in vLLM): every option that
+#: never takes one in any release, and those the guard writes without one (``--enable-chunked-prefill``
+#: took an optional value up to 0.9).
+BOOLEAN_FLAGS = _valueless_in_every_release() | frozenset(
     {
         "--enforce-eager",
         "--trust-remote-code",

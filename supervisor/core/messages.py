@@ -24,14 +24,16 @@ def _num(text: str) -> int | float:
     return int(value) if value.is_integer() and "." not in text else value
 
 
+_SCALE = {"b": 1 / 2**20, "bytes": 1 / 2**20, "kib": 1 / 1024, "kb": 1 / 1024, "mib": 1.0, "mb": 1.0,
+          "gib": 1024.0, "gb": 1024.0, "tib": 2**20}
+
+
 def _mib(value: str, unit: str) -> float:
-    scale = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 1024, "KB": 1 / 1024, "MiB": 1.0, "MB": 1.0,
-             "GiB": 1024.0, "GB": 1024.0, "TiB": 2**20}[unit]
-    return round(float(value) * scale, 4)
+    return round(float(value) * _SCALE[unit.lower()], 4)
 
 
 def _gib(value: str, unit: str) -> float:
-    return round(_mib(value, unit) / 1024, 4) if unit not in ("GiB", "GB") else float(value)
+    return round(_mib(value, unit) / 1024, 4) if unit.lower() not in ("gib", "gb") else float(value)
 
 
 _RX_KV_V0 = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that "
@@ -94,6 +96,13 @@ _RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + 
 _RX_AVAIL = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is) "
                        + _F + r" ?GiB")
 _RX_SERVED = re.compile(r"Using max model len (\d+)")
+
+
+# The numbers are read whatever the case of the words around them (a message retyped in lower case).
+for _name, _value in list(globals().items()):
+    if _name.startswith("_RX_"):
+        globals()[_name] = (tuple(re.compile(rx.pattern, re.I) for rx in _value) if isinstance(_value, tuple)
+                            else re.compile(_value.pattern, re.I))
 
 
 def _info_numbers(text: str) -> dict[str, Any]:
@@ -263,6 +272,18 @@ def _placement_numbers(text: str) -> dict[str, Any]:
 REQUEST_ERRORS = ("maximum context length is", "Please reduce the length of the messages",
                   "Error in preprocessing prompt inputs", "is not a valid", "does not exist.\"",
                   "is longer than the maximum model length of", "VLLMValidationError")
+#: Texts vLLM prints both as a WARNING (the start-up goes on) and raised (it stops): without a log
+#: header, only the raised form (``ValueError: ...``, pydantic's ``Value error, ...``) is the failure.
+RAISED_ONLY = ("Unknown vLLM environment variable detected", "is greater than the derived max_model_len")
+#: What the API server logs while it handles one request: it serves, and the traceback that follows
+#: (however much of it was pasted) is that request's (answered 4xx/5xx).
+REQUEST_LOGS = ("Error in preprocessing prompt inputs", "Error in chat completion stream generator",
+                "Error in completion stream generator", "Error serializing chat completion stream",
+                "Error trying to handle streaming tool call", "Error in extracting tool call from response",
+                "Exception in ASGI application")
+#: An exception raised in a vLLM plugin's own code (an out-of-tree platform or model package, such as
+#: vllm_ascend or vllm_gaudi) that no rule names: a plugin built for another vLLM release.
+PLUGIN_FILE = re.compile(r"[/\\](?:site|dist)-packages[/\\](vllm[_-](?!flash_attn)[A-Za-z0-9_]+)[/\\]")
 #: Frames of the API server handling one request: an exception no rule names in such a traceback is
 #: that request's error (answered 4xx/5xx), not the engine's.
 REQUEST_FRAMES = frozenset({
@@ -369,7 +390,11 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Input socket thread died", "Did not receive response from front-end process", "Engine process (pid",
       "Engine is dead.", "died, exit code", "died unexpectedly"),
      Kind.ENGINE_DEAD, 25, None),
-    (("validation error for", "failed to be inspected"), Kind.CONFIG_ERROR, 20, None),
+    # pydantic's wrapper, and the model-inspection subprocess vLLM runs to read a model's code (the
+    # registry's _run_in_subprocess: it fails when the model's code, or a package it needs, cannot load)
+    (("validation error for", "failed to be inspected", "Error in inspecting model architecture",
+      "Error raised in subprocess", "vllm.model_executor.models.registry']' returned non-zero exit status"),
+     Kind.CONFIG_ERROR, 20, None),
     (("Engine core initialization failed", "EngineCore initialization failed",
       "EngineCore_0 initialization failed", "EngineCore failed to start", "EngineCore encountered",
       "EngineCore hit an exception", "Got fatal signal from worker processes", "EngineDeadError",
@@ -405,7 +430,7 @@ RUNTIME_MARKERS = ("EngineCore encountered a fatal error", "output_handler faile
                    "Engine background task failed", "has failed, terminating server process",
                    "is already dead, terminating server process", "MQEngineDeadError", "AsyncEngineDeadError",
                    "EngineDeadError", "Engine loop is not running", "Background loop has errored",
-                   "engine core exited unexpectedly", "Error in model execution")
+                   "engine core exited unexpectedly")
 
 # Start-up milestones, matched at the start of the message (docs/failure-catalogue.md, "Milestones").
 _MILESTONES: tuple[tuple[str, str], ...] = (
@@ -505,6 +530,60 @@ _FRAME_PHASE = {
                      "run_output_handler_loop", "run_heartbeat_loop", "_set_errored", "check_health", "generate",
                      "_log_task_completion"), "serving"),
 }
+#: Frames of a vLLM that serves (``frames.tsv``'s serving loops that start only once start-up is
+#: done: the engine core's busy loop, V0's engine loops, the API server's output handler), the API
+#: server handling a request, and attention run on a prompt's already computed context (a chunked
+#: prefill's later chunk, a cached prefix: never in the profile's dummy batch). A traceback through one
+#: of them is the running engine's, whatever it called: the failure is a serving failure. (Their names
+#: are read in vLLM's own files only: torch._dynamo has a ``step`` too.)
+SERVING_FRAMES = frozenset({
+    "run_busy_loop", "_process_engine_step", "_process_input_queue", "process_input_sockets", "step",
+    "step_with_batch_queue", "run_engine_loop", "engine_step", "step_async", "_log_task_completion",
+    "run_heartbeat_loop", "run_output_handler_loop", "_set_errored", "check_health", "output_handler",
+    "_run_output_handler", "process_outputs_socket", "get_output_async", "generate",
+    "_compute_prefill_context", "run_prefill_context_chunk", "_context_parallel_compute_prefill_context",
+}) | REQUEST_FRAMES
+#: What shows the engine generation in a log whose version is unknown (a wrapper, a stand-in, a build
+#: that hides it), read in vLLM's source: its own banner, the process tags of its processes, its files,
+#: the words only one generation prints (V0's block count and memory profile summary, V1's KV cache
+#: size and engine-core wrappers).
+ENGINE_BANNERS = (("Initializing a V1 LLM engine", "v1"), ("Initializing a V0 LLM engine", "v0"))
+ENGINE_WORDS = (
+    ("GPU KV cache size", "v1"), ("Available KV cache memory", "v1"), ("EngineCore failed to start", "v1"),
+    ("EngineCore encountered", "v1"), ("AsyncLLM output_handler failed", "v1"),
+    ("Engine core initialization failed", "v1"),
+    ("# GPU blocks", "v0"), ("# cuda blocks", "v0"), ("Memory profiling takes", "v0"),
+    ("the current vLLM instance can use", "v0"), ("Capturing cudagraphs for decoding", "v0"),
+    ("Capturing the model for CUDA graphs", "v0"), ("Loading model weights took", "v0"),
+    ("Started engine process with PID", "v0"), ("Engine background task failed", "v0"),
+    ("AsyncLLMEngine has failed", "v0"), ("Engine process failed to start", "v0"))
+ENGINE_PROCS = (("EngineCore", "v1"), ("VllmWorker rank=", "v1"), ("VllmWorker TP", "v1"), ("Worker_", "v1"),
+                ("VllmWorkerProcess", "v0"))
+ENGINE_FILES = (("/vllm/v1/", "v1"), ("/vllm/worker/worker.py", "v0"), ("/vllm/worker/model_runner.py", "v0"),
+                ("/vllm/engine/async_llm_engine.py", "v0"), ("/vllm/engine/llm_engine.py", "v0"),
+                ("/vllm/engine/multiprocessing/", "v0"), ("/vllm/worker/cache_engine.py", "v0"))
 #: Frames that place a failure only when no frame above them in the traceback did.
 _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
     "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}
+
+#: Phrases as vLLM (and PyTorch, Python) case them: a line retyped in lower case gets their case back
+#: (``vllm_text.Recaser``) before the rules, written in vLLM's case, read it.
+VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
+    [k for rule in _RULES for k in rule[0]] + [k for rule in _WARN_RULES for k in rule[0]]
+    + [k for rule in _INFO_RULES for k in rule[0]] + [p for p, _ in _MILESTONES] + list(STOP_PREFIXES)
+    + list(RUNTIME_MARKERS) + list(REQUEST_ERRORS) + list(COLLATERAL_ERRORS) + list(_SERVING_PREFIXES)
+    + [  # the phrases the number extractors and the traceback reader look for
+        "Traceback (most recent call last)", "During handling of the above exception", "The above exception",
+        "(most recent call first)", "Current thread", "Thread 0x", "Fatal Python error", "KeyboardInterrupt",
+        "Killed", "Process ", "Error executing method", "Exception in worker", "Free memory on device",
+        "Available memory on node", "Desired GPU memory utilization", "desired GPU memory utilization",
+        "GPU memory utilization", "Tried to allocate", "GPU 0 has a total capacity", "total capacity",
+        "Initial free memory", "current free memory", "KV cache", "GPU KV cache size", "# GPU blocks",
+        "# CPU blocks", "# cuda blocks", "Available KV cache memory", "the rest of the memory reserved for KV Cache",
+        "Based on the available memory", "User-specified max_model_len", "derived max_model_len",
+        "Required number of devices", "Total number of devices", "World size", "Tensor parallel size",
+        "Auto-fit max_model_len", "Model loading took", "Loading model weights took", "Using max model len",
+        "vLLM API server version", "vLLM server version", "Initializing a V1 LLM engine",
+        "Initializing a V0 LLM engine", "Initializing an LLM engine", "ValueError", "RuntimeError", "KeyError",
+        "AssertionError", "TypeError", "OSError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
+        "AttributeError", "EngineCore", "EngineCore_DP0", "APIServer", "Worker_TP", "VllmWorker"]))

@@ -107,6 +107,13 @@ def _version(d: Diagnosis, ctx: Context) -> str | None:
     return ctx.vllm_version or d.numbers.get("vllm_version")
 
 
+def _v0(d: Diagnosis, ctx: Context) -> bool:
+    """The V0 engine ran: as its log shows it (``numbers["engine"]``: a wrapper that hides the version, a
+    0.8-0.10 vLLM that fell back to V0), else a V0 version we know of."""
+    logged = d.numbers.get("engine")
+    return logged == "v0" if logged in ("v0", "v1") else vllm.known_v0(_version(d, ctx))
+
+
 def _defaults(current: Flags, ctx: Context) -> tuple[int, int]:
     """vLLM's (max_num_batched_tokens, max_num_seqs) for this launch when the flags leave them unset."""
     sizing = ctx.sizing
@@ -128,8 +135,8 @@ def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int
     """V0 (0.5-0.7) turns chunked prefill on by itself only above 32768 tokens; below, it profiles
     the whole context at once (so the KV cache shrinks as the length does) and refuses
     ``--max-num-batched-tokens`` below ``max_model_len``. Chunked prefill keeps the profile a chunk.
-    Only for a V0 we know of: an unknown vLLM gets no extra flag."""
-    if not vllm.known_v0(_version(d, ctx)) or flags.has(CHUNKED) or (
+    Only for a V0 we know of (its version, or its log): an unknown vLLM gets no extra flag."""
+    if not _v0(d, ctx) or flags.has(CHUNKED) or (
             new_len is not None and new_len > vllm.V0_AUTO_CHUNK_ABOVE):
         return flags, []      # only for a V0 we know of: an unknown vLLM gets no extra flag
     why = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps "
@@ -481,7 +488,8 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
             return _set(current, UTIL, target,
                         f"no memory was left for the KV cache at {now:.2f}; "
                         f"{target:.2f} gives vLLM more", step)
-    elif step == "enforce_eager" and _allowed(ctx, step) and not current.enabled(EAGER):
+    elif step == "enforce_eager" and _allowed(ctx, step) and not current.enabled(EAGER) and not _v0(d, ctx):
+        # (V0 sizes the KV cache before it captures CUDA graphs: eager mode frees nothing for it)
         return _set(current, EAGER, None,
                     "no memory was left for the KV cache; eager mode frees what CUDA graphs and "
                     "compilation take", step)

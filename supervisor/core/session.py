@@ -480,10 +480,12 @@ class Session:
             self.notes[c.flag] = FlagNote(c.new, self.requested.get(c.flag), c.why, "heal")
         self.current = decision.flags
         delay = 0.0
-        if decision.backoff:
+        if decision.backoff and not self.relaunch_at_once(outcome):
             self._backoffs += 1
             delay = self.backoff_delay(self._backoffs)
             self._to(State.BACKOFF, f"{d.kind}; retrying in {delay:.1f} s")
+        elif decision.backoff:
+            self._to(State.RESTARTING, f"{d.kind} after serving; relaunching at once")
         else:
             self._to(State.RESTARTING, f"{d.kind}; relaunching with new flags")
         return Launch(decision.flags, decision.changes, decision.why, delay, reason=d.kind.value, step=decision.step)
@@ -511,6 +513,16 @@ class Session:
         self._to(State.RESTARTING, "learned flags failed; re-planning")
         return replace(launch, why=f"the learned flags failed ({d.kind}); forgetting them: {launch.why}",
                        reason="learned_failed", forget_learned=True)
+
+    def relaunch_at_once(self, outcome: Outcome) -> bool:
+        """A launch that served died or hung, and it is not a crash loop: relaunch without a backoff.
+
+        Backoff is for crash loops. The first death after serving (``runtime_deaths`` is 1: no
+        other launch died within ``backoff.crash_loop_window`` of becoming healthy before it, or it
+        served longer than that window) is relaunched at once, so serving again takes vLLM's own
+        start-up; a second death soon after serving backs off as before, and grows.
+        """
+        return outcome.was_healthy and self.runtime_deaths == 1
 
     def backoff_delay(self, attempt: int) -> float:
         """Exponential backoff with jitter (tenacity's policy) before relaunch ``attempt`` (1-based)."""

@@ -174,6 +174,12 @@ def engine(version: str | None) -> str:
     return "v0" if is_v0(version) else "v1"
 
 
+def engine_of(version: str | None, logged: str | None = None) -> str:
+    """The engine a launch ran: the one its log showed (``Initializing a V0 LLM engine``, V0's frames and
+    wording: a 0.8-0.10 vLLM that fell back to V0, a wrapper that hides the version), else the version's."""
+    return logged if logged in ("v0", "v1") else engine(version)
+
+
 def family(version: str | None) -> str:
     """The KV-budget formula a version uses; one of :data:`FAMILIES` (``docs/memory-model.md`` section 1).
 

@@ -109,6 +109,48 @@ def require_command(argv: Sequence[str], environ: Mapping[str, str]) -> None:
           "'/opt/vllm/bin/vllm serve' or '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'")
 
 
+#: The script that prints vLLM's own parser options (stdlib only: it runs under vLLM's interpreter).
+PARSER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_parser.py")
+_PARSER_MARKER = "VLLM_GUARD_FLAGS "
+
+
+@functools.lru_cache(maxsize=8)
+def _parser_options(py: str, env: tuple[tuple[str, str], ...], timeout: float) -> tuple[dict[str, Any] | None, str]:
+    environ = {k: v for k, v in env if k != "VLLM_GUARD_TOKEN"}
+    try:
+        out = subprocess.run([py, PARSER_SCRIPT], capture_output=True, text=True, timeout=timeout, env=environ,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"vLLM's parser did not answer within {timeout:g} s"
+    except OSError as e:
+        return None, f"cannot run {py}: {e.strerror or e}"
+    lines = [line for line in out.stdout.splitlines() if line.startswith(_PARSER_MARKER)]
+    if not lines:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return None, f"vLLM's parser could not be read (exit {out.returncode}: {tail})"
+    import json
+
+    try:
+        dump = json.loads(lines[-1][len(_PARSER_MARKER):])
+    except ValueError:
+        return None, "vLLM's parser printed something unreadable"
+    if not isinstance(dump, dict) or not (dump.get("serve") or dump.get("api_server")):
+        errors = "; ".join(str(v) for k, v in (dump.items() if isinstance(dump, dict) else ()) if k.endswith("_error"))
+        return None, f"vLLM's parser could not be built ({errors[:300] or 'no parser'})"
+    return dump, ""
+
+
+def parser_options(argv: Sequence[str], environ: Mapping[str, str],
+                   timeout: float = 120.0) -> tuple[dict[str, Any] | None, str]:
+    """vLLM's own option list, asked of the vLLM behind ``argv``: its interpreter imports vLLM and builds
+    ``vllm serve``'s parser (and the API server's) without parsing anything (seconds: vLLM imports torch).
+    For a vLLM newer than the guard's table. ``(dump, "")``, else ``(None, why not)``."""
+    py = interpreter(argv, environ.get("PATH"))
+    if not py:
+        return None, f"no Python interpreter found behind {' '.join(argv[:1]) or 'the vLLM command'}"
+    return _parser_options(py, tuple(sorted(environ.items())), timeout)
+
+
 # -- a model's config as vLLM's own transformers resolves it ----------------------------------------
 
 #: What the interpreter runs: AutoConfig on local directories only, offline, no remote code (the guard

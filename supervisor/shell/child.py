@@ -1,8 +1,8 @@
 """The vLLM child process: spawn it in its own process group, stream both pipes line by line, stop it.
 
 Lines can exceed 64 KiB, hold invalid UTF-8, NUL bytes or lone ``\\r`` (tqdm bars), or never end:
-:class:`LineSplitter` turns arbitrary chunks into bounded lines, so memory stays bounded whatever
-the child prints.
+:class:`~supervisor.core.vllm_text.LineSplitter` turns arbitrary chunks into bounded lines (the same
+lines ``vllm-guard diagnose`` reads from a file), so memory stays bounded whatever the child prints.
 """
 
 from __future__ import annotations
@@ -13,89 +13,10 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from supervisor.core.vllm_text import LineSplitter
 from supervisor.shell import procs
 
-MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
-CHUNK = 64 * 1024
-
-
-class LineSplitter:
-    """Bytes in, complete lines out (split on ``\\n``, ``\\r\\n`` and lone ``\\r``); pure."""
-
-    __slots__ = ("_buf", "_skipping", "_pending_cr", "max_line")
-
-    def __init__(self, max_line: int = MAX_LINE) -> None:
-        self._buf = bytearray()
-        self._skipping = False        # inside an over-long line: drop until its end
-        self._pending_cr = False      # the last chunk ended in \r: a following \n belongs to it
-        self.max_line = max_line
-
-    def feed(self, data: bytes) -> list[bytes]:
-        # The common chunk (no \r, not inside an over-long line) is cut by bytes.split, in C: a busy vLLM
-        # prints 100,000+ lines a second, and the loop below costs a microsecond a line.
-        if not self._skipping and not self._pending_cr and b"\r" not in data:
-            lines = data.split(b"\n")
-            rest = lines.pop()
-            if lines:
-                if self._buf:
-                    lines[0] = bytes(self._buf) + lines[0]
-                if len(rest) <= self.max_line and max(map(len, lines)) <= self.max_line:
-                    self._buf.clear()
-                    self._buf += rest
-                    return lines
-            elif len(self._buf) + len(rest) <= self.max_line:
-                self._buf += rest
-                return []
-        return self._feed_slow(data)
-
-    def _feed_slow(self, data: bytes) -> list[bytes]:
-        out: list[bytes] = []
-        start = 0
-        if self._pending_cr and data[:1] == b"\n":
-            start = 1
-        self._pending_cr = False
-        n = len(data)
-        i = start
-        while i < n:
-            j_n = data.find(b"\n", i)
-            j_r = data.find(b"\r", i)
-            if j_n < 0 and j_r < 0:
-                self._append(data[i:], out)
-                break
-            j = j_n if j_r < 0 or (0 <= j_n < j_r) else j_r
-            self._append(data[i:j], out)
-            if self._skipping:
-                self._skipping = False
-            else:
-                out.append(bytes(self._buf))
-            self._buf.clear()
-            if data[j:j + 1] == b"\r":
-                if j + 1 < n and data[j + 1:j + 2] == b"\n":
-                    j += 1
-                elif j + 1 == n:
-                    self._pending_cr = True
-            i = j + 1
-        return out
-
-    def _append(self, piece: bytes, out: list[bytes]) -> None:
-        if self._skipping or not piece:
-            return
-        room = self.max_line - len(self._buf)
-        if len(piece) <= room:
-            self._buf += piece
-            return
-        self._buf += piece[:room]
-        out.append(bytes(self._buf))
-        self._buf.clear()
-        self._skipping = True
-
-    def close(self) -> list[bytes]:
-        """The unterminated last line, if any."""
-        rest = [] if self._skipping or not self._buf else [bytes(self._buf)]
-        self._buf.clear()
-        self._skipping = False
-        return rest
-
+CHUNK = 64 * 1024       # bytes read from a pipe at a time
 
 LineHandler = Callable[[bytes, str], None]   # (line without newline, "stdout" | "stderr")
 

@@ -34,6 +34,7 @@ from supervisor.core.lifecycle import State
 from supervisor.core.progress import Progress, last_failure, seconds_text, summary
 from supervisor.core.session import FAILED, STOPPED, End, Launch, Outcome, Session
 from supervisor.errors import EX_SOFTWARE, EX_TEMPFAIL, ConfigError, GuardError, Refused, StateError
+from supervisor.facts import preflight
 from supervisor.facts.nvml import NvmlProvider
 from supervisor.facts.vllm_install import require_command
 from supervisor.shell import auth, learned, procs, sdnotify
@@ -44,7 +45,7 @@ from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher, port_tak
 from supervisor.shell.live import render
 from supervisor.shell.locks import StateDirLock
 from supervisor.shell.output import VllmOutput
-from supervisor.shell.probe import Prober
+from supervisor.shell.probe import Prober, answered_by
 from supervisor.shell.report import Report
 from supervisor.shell.status_server import StatusServer, StatusServerError
 
@@ -123,6 +124,12 @@ class Guard:
         if not cfg.model:
             raise ConfigError("no model: pass MODEL (or --model, or model = ... in the config file)")
         require_command(cfg.vllm_argv, self.environ)
+        notes = await self._unless_stopped(_in_daemon_thread(preflight.check, cfg, self.environ))
+        if notes is None:
+            self.exit_reason = "stopped on request"
+            return
+        for text in notes:
+            log.info(text)
         try:
             self._lock = stack.enter_context(StateDirLock(self.state_dir))
         except (OSError, StateError) as e:
@@ -242,14 +249,16 @@ class Guard:
         self.output.launch(n, self.report.launching(n, argv, s.notes))
         self._watcher = None
         self.progress = self.report.progress = Progress(n, time.time())
-        taken = port_taken(self.host, self.port, self.state_dir)
+        taken = await asyncio.to_thread(port_taken, self.host, self.port, self.state_dir)
         if taken is not None:
             return Outcome(FAILED, taken)
         while not self._control.empty():          # stale requests do not apply to a new launch
             if self._control.get_nowait()[0] == "stop":
                 return Outcome(STOPPED)
+        marker = f"{procs.state_id(self.state_dir)}:{n}"
         prober = Prober(self.host, self.port, flags.get("--served-model-name") or c.model,
-                        api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"), timeout=c.health.timeout)
+                        api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"), timeout=c.health.timeout,
+                        identity=lambda port, client: answered_by(child.pid, marker, port, client))
         hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy, on_probe=self.report.probe,
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
@@ -263,6 +272,10 @@ class Guard:
             async with gpus.turn(c.startup_timeout) as ours:
                 if not ours:
                     return Outcome(STOPPED)
+                # Again: another guard's vLLM may have bound the port while this one waited its turn.
+                taken = await asyncio.to_thread(port_taken, self.host, self.port, self.state_dir)
+                if taken is not None:
+                    return Outcome(FAILED, taken)
                 try:
                     await child.start()
                 except OSError as e:

@@ -17,13 +17,20 @@ from typing import Any
 
 from supervisor.config import GuardConfig
 from supervisor.core import exits
-from supervisor.core.classifier import Classifier
+from supervisor.core.classifier import Classifier, place
 from supervisor.core.diagnosis import Diagnosis, Kind
 from supervisor.core.progress import Progress
 from supervisor.core.session import DIED, FAILED, RESET, RESTART, STOPPED, Outcome
 from supervisor.shell import procs
 from supervisor.shell.child import Child
 from supervisor.shell.probe import Prober, ProbeResult
+
+#: While serving, how long the lines after an engine's loss are collected before the launch is stopped.
+LOST_COLLECT_S = 0.2
+#: How long what is left of a launch whose engine died while serving gets before SIGKILL: nothing it
+#: could still finish (no request completes without its engine), and its teardown (seconds of Python
+#: and native destructors) would come before serving again.
+DEAD_GRACE_S = 0.5
 
 #: Checks vLLM's own choices against the guard's bounds (the session's ``check_auto_fit``).
 Bounds = Callable[[Mapping[str, Any], str], "Diagnosis | None"]
@@ -92,6 +99,7 @@ class Watcher:
         self._nudge = asyncio.Event()
         self._ready_hint = False
         self._lost: list[int] = []
+        self._lost_at: float | None = None
         self._probed_fatal = False
         self._own_fatal: Diagnosis | None = None
 
@@ -130,6 +138,14 @@ class Watcher:
         self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
         self._nudge.set()
 
+    def _foreign(self, r: ProbeResult) -> None:
+        """The probe's 200 came from another process on vLLM's port: this launch cannot serve there."""
+        d = Diagnosis(Kind.CONFIG_ERROR, evidence=r.error, phase=self.classifier.phase,
+                      detail=f"{r.error}; stop it or give vLLM another --port")
+        self.first_fatal = self._own_fatal = d
+        self.fatal_at = time.monotonic() - self.timers.collect_after_fatal   # act now
+        self._nudge.set()
+
     async def run(self) -> Outcome:
         t = self.timers
         started = time.monotonic()
@@ -155,14 +171,15 @@ class Watcher:
                 if exit_task.done():
                     code = exit_task.result()
                     await self.child.drain()
-                    await self.child.stop(t.stop_grace, self.hurry)     # its engine/workers may linger
+                    # its engine/workers may linger; after serving, nothing of it is worth waiting for
+                    await self.child.stop(self._grace(healthy_at), self.hurry)
                     return self._ended(code, healthy_at, started, exits.describe(code))
                 # -- a fatal line: collect what follows briefly, then stop without waiting --
                 # (While serving, a fatal-looking line alone does not end a launch that still
                 # answers: the exit, a lost engine process or failed probes decide.)
-                if self.fatal_at is not None and now >= self.fatal_at + t.collect_after_fatal \
-                        and (healthy_at is None or self._lost):
-                    code = await self.child.stop(t.stop_grace, self.hurry)
+                collected = self._collected_by(healthy_at)
+                if collected is not None and now >= collected:
+                    code = await self.child.stop(self._grace(healthy_at), self.hurry)
                     return replace(self._ended(code, healthy_at, started, "fatal error"), stopped=True)
                 # -- probes: one at a time, never blocking this loop --
                 if probe_task is not None and probe_task.done():
@@ -181,12 +198,14 @@ class Watcher:
                         elif failures:
                             self.hooks.on_recovered()
                         failures = 0
+                    elif r.foreign and healthy_at is None and self.first_fatal is None:
+                        self._foreign(r)          # another server answers on vLLM's port: end this launch now
                     elif healthy_at is not None:
                         failures += 1
                         self.hooks.on_unhealthy(r.error or f"HTTP {r.status}")
                         if failures >= t.health_failures:
                             code = await self.child.stop(t.stop_grace, self.hurry)
-                            d = self._verdict(code) if self.first_fatal else Diagnosis(
+                            d = self._verdict(code, healthy=True) if self.first_fatal else Diagnosis(
                                 Kind.ENGINE_DEAD,
                                 evidence=f"{failures} health probes failed in a row: {r.error}",
                                 phase="serving",
@@ -195,8 +214,8 @@ class Watcher:
                     next_probe = time.monotonic() + (
                         t.health_interval if healthy_at is not None else t.startup_probe_interval)
                 if healthy_at is not None and self.fatal_at is not None and not self._probed_fatal:
-                    self._probed_fatal = True      # a fatal line while serving: check now
-                    next_probe = now
+                    self._probed_fatal = True      # a fatal line while serving: probe and look at the engine now
+                    next_probe = next_engine_check = now
                 if probe_task is None and now >= next_probe and (
                         self.fatal_at is None or healthy_at is not None):
                     probe_task = asyncio.ensure_future(self.prober.probe())
@@ -205,7 +224,7 @@ class Watcher:
                     next_engine_check = now + t.engine_watch_interval
                     lost = self.child.lost_processes()
                     if lost and not self._lost:
-                        self._lost = lost
+                        self._lost, self._lost_at = lost, now
                         if self.fatal_at is None:
                             self.fatal_at = now
                 # -- start-up deadlines --
@@ -235,22 +254,42 @@ class Watcher:
             if not exit_task.done():
                 exit_task.cancel()
 
+    def _grace(self, healthy_at: float | None) -> float:
+        """SIGTERM to SIGKILL for what is left of a launch: ``stop_grace``, or :data:`DEAD_GRACE_S` after serving."""
+        return self.timers.stop_grace if healthy_at is None else min(self.timers.stop_grace, DEAD_GRACE_S)
+
+    def _collected_by(self, healthy_at: float | None) -> float | None:
+        """When the lines after a fatal one have been collected and the launch is stopped (None: not yet
+        due). Starting up: ``collect_after_fatal`` after the first fatal line. Serving: only once the
+        engine process is gone, and then briefly (:data:`LOST_COLLECT_S`): vLLM printed why before the
+        loss was seen, and every second here is a second more before it serves again."""
+        if self.fatal_at is None:
+            return None
+        if healthy_at is None:
+            return self.fatal_at + self.timers.collect_after_fatal
+        if self._lost_at is None:
+            return None
+        return self._lost_at + min(self.timers.collect_after_fatal, LOST_COLLECT_S)
+
     def _tick(self, now: float, next_probe: float, healthy_at: float | None) -> float:
         deadlines = [next_probe - now, 1.0]
-        if self.fatal_at is not None and (healthy_at is None or self._lost):
-            deadlines.append(self.fatal_at + self.timers.collect_after_fatal - now)
+        collected = self._collected_by(healthy_at)
+        if collected is not None:
+            deadlines.append(collected - now)
         return max(0.01, min(deadlines))
 
-    def _verdict(self, code: int | None, ours: bool = True) -> Diagnosis:
-        """The classifier's verdict; the exit status counts only when vLLM exited by itself."""
+    def _verdict(self, code: int | None, ours: bool = True, healthy: bool = False) -> Diagnosis:
+        """The classifier's verdict; the exit status counts only when vLLM exited by itself. A failure
+        the log does not place (an OOM with no frames, no milestone) is placed where the live stream
+        was: serving once a probe answered, else the last milestone it printed."""
         d = self.classifier.diagnose(None if ours else code)
         if not d.names_a_failure and self._own_fatal is not None:
             return self._own_fatal       # our own auto-fit bounds, not a vLLM failure
-        return d
+        return place(d, "serving" if healthy else self.classifier.phase)
 
     def _ended(self, code: int | None, healthy_at: float | None, started: float,
                how: str) -> Outcome:
-        d = self._verdict(code, ours=False)
+        d = self._verdict(code, ours=False, healthy=healthy_at is not None)
         lost = self._lost
         if not d.names_a_failure:   # nothing in the log explains it
             phase = "serving" if healthy_at is not None else self.classifier.phase

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from supervisor.core.vllm_text import level_word
 from supervisor.shell.logs import on_journal
 from supervisor.shell.statelog import AppendLog, open_follow, read_lines, same_file
 
@@ -39,10 +39,6 @@ LOG_FILE = "vllm.log"
 MAX_BYTES = 8 << 20            # per file; with the previous generation, at most 16 MiB
 _FLUSH_AT = 256 << 10          # a batch larger than this is written at once
 
-# vLLM's log format: "(APIServer pid=7) INFO 11-29 17:00:00 [file.py:1] ...", "WARNING 11-29 ...",
-# uvicorn's "INFO:     127.0.0.1:40000 - ...".
-# Python's logging names only these five levels (never WARN or FATAL); the name is a whole word.
-_LEVEL = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):?(?: |$)")
 # vLLM's levels as syslog priorities; nothing vLLM prints is filed above err (the guard's own messages are).
 _PRIORITY = {b"DEBUG": b"<7>", b"INFO": b"<6>", b"WARNING": b"<4>", b"ERROR": b"<3>", b"CRITICAL": b"<3>"}
 _INFO, _ERR = b"<6>", b"<3>"
@@ -51,9 +47,9 @@ _INFO, _ERR = b"<6>", b"<3>"
 def priority(line: bytes, previous: bytes = _INFO) -> bytes:
     """The journald prefix for one vLLM line: from the level it printed, else ``previous`` (a traceback
     starts at err)."""
-    m = _LEVEL.match(line)
-    if m is not None:
-        return _PRIORITY[m.group(1)]
+    word = level_word(line)          # vLLM's text is read in one place (core/vllm_text.py)
+    if word is not None:
+        return _PRIORITY[word]
     if line.startswith(b"Traceback (most recent call last)"):
         return _ERR
     return previous

@@ -1183,6 +1183,8 @@ class Api:
             log.info("api_server.py:713", f"args: Namespace({', '.join(f'{k}={val!r}' for k, val in launch.non_default_args().items())})")
 
     def bind(self) -> None:
+        # Real vLLM binds after its imports (seconds); "bind_after" holds the socket back that long.
+        time.sleep(float(self.sc.raw.get("bind_after", 0)))
         host = self.launch.host or "0.0.0.0"
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

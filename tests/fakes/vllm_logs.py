@@ -136,6 +136,7 @@ class Case:
     phase: str | None            # None: any phase is acceptable (a verdict that names no failure)
     evidence: str = ""           # a substring the evidence must contain ("" = not checked)
     numbers: dict = field(default_factory=dict)
+    start: int = 0               # the first line of the failure (the lines before it: the start-up's milestones)
 
 
 # ------------------------------------------------------------------------------- formatting
@@ -522,6 +523,14 @@ def cases(r: dict) -> list[Case]:
 
 
 def _cases_at(r: dict, v: str, chain: str, proc: str) -> list[Case]:
+    head = len(milestones(v, chain)) + (len(serving_traffic(v)) if PHASE_OF.get(chain, chain) == "serving" else 0)
+    out = _cases_at_(r, v, chain, proc)
+    for c in out:
+        c.start = head
+    return out
+
+
+def _cases_at_(r: dict, v: str, chain: str, proc: str) -> list[Case]:
     ph = PHASE_OF.get(chain, chain)
     name = f"{r['id']}@{v}/{chain}" + ("/tp2" if proc == "worker" and r["process"] != "worker" else "")
     head = milestones(v, chain)

@@ -78,15 +78,21 @@ def test_exit_code_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert json.loads(capsys.readouterr().out)["kind"] == "engine_dead"
 
 
-def test_lines_reads_in_bounded_chunks() -> None:
-    import io
+def test_diagnose_reads_a_file_as_the_daemon_reads_a_pipe(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One reader: a line is cut where the daemon's pipe reader cuts it (256 KiB, the rest dropped),
+    so a fatal message beyond the cut is not seen by either, and one before it is seen by both."""
+    from supervisor.core.vllm_text import MAX_LINE
 
-    data = b"a\r\nb\n" + b"x" * (cli_diagnose._MAX_LINE * 2 + 5) + b"\nlast"
-    lines = list(cli_diagnose._lines(io.BytesIO(data)))
-    assert lines[:2] == [b"a\r", b"b"]
-    assert max(len(line) for line in lines) <= cli_diagnose._MAX_LINE
-    assert b"".join(lines[2:-1]) == b"x" * (cli_diagnose._MAX_LINE * 2 + 5)
-    assert lines[-1] == b"last"
+    assert MAX_LINE == 256 * 1024
+    oom = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    beyond = tmp_path / "beyond.log"
+    beyond.write_bytes(b"x" * (MAX_LINE + 10) + b" " + oom + b"\n")
+    within = tmp_path / "within.log"
+    within.write_bytes(b"x" * (MAX_LINE - len(oom) - 10) + b" " + oom + b"\r\n")
+    assert _run(["--json", str(beyond), str(within)]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert got[0]["kind"] == "no_vllm_output"
+    assert got[1]["kind"] == "oom_weights" and got[1]["numbers"]["tried_to_allocate_mib"] == 2048.0
 
 
 def _subprocess(*argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -150,3 +156,108 @@ def test_gpu_memory_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]
             _run(["--gpu-total-gib", bad, str(KV)])
         assert e.value.code == 2
         assert "is not a positive number of GiB" in capsys.readouterr().err
+
+
+# A V0 start-up (vLLM 0.6.x wording: worker.determine_num_available_blocks' summary, gpu_executor's
+# block count, the MQ engine's error) whose banner was not kept: only the log says which engine ran.
+_V0_NO_KV = """\
+INFO 10-15 12:00:04 model_runner.py:1072] Starting to load model meta-llama/Llama-3.1-8B-Instruct...
+INFO 10-15 12:00:10 model_runner.py:1077] Loading model weights took 14.9595 GB
+INFO 10-15 12:00:12 worker.py:232] Memory profiling takes 1.43 seconds
+INFO 10-15 12:00:12 worker.py:232] the current vLLM instance can use total_gpu_memory (23.68GiB) x gpu_memory_utilization (0.70) = 16.58GiB
+INFO 10-15 12:00:12 worker.py:232] model weights take 14.99GiB; non_torch_memory takes 0.09GiB; PyTorch activation peak memory takes 2.23GiB; the rest of the memory reserved for KV Cache is -0.73GiB.
+INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 2048
+ERROR 10-15 12:00:14 engine.py:366] No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
+Traceback (most recent call last):
+  File "/usr/local/lib/python3.10/dist-packages/vllm/engine/multiprocessing/engine.py", line 357, in run_mp_engine
+  File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 299, in initialize_cache
+  File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 480, in raise_if_cache_size_invalid
+ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
+"""  # noqa: E501  (vLLM's lines as it printed them)
+
+
+def test_a_v0_log_without_its_version_is_healed_by_v0s_rules(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """V0 sizes the KV cache (determine_num_available_blocks, profile_run without graphs) before it
+    captures CUDA graphs (_warm_up_model, after initialize_cache): eager mode frees no KV memory there.
+    At the share the user set, a smaller batch is what frees it: on V0 below 32768 tokens, chunked
+    prefill (the profile runs one chunk instead of the whole context)."""
+    log = tmp_path / "v0-no-version.log"
+    log.write_text(_V0_NO_KV)
+    assert _run(["--json", "--flags", "--gpu-memory-utilization 0.7 --max-model-len 8192", str(log)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["kind"] == "no_kv_cache_memory" and got["numbers"]["engine"] == "v0"
+    assert "vllm_version" not in got["numbers"]
+    assert got["remedy"]["flags"] == {"--enable-chunked-prefill": ""}, got["remedy"]
+    # the same failure from a V1 engine (its own wording), version hidden too: eager mode first
+    v1 = tmp_path / "v1-no-version.log"
+    v1.write_text("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] "
+                  "Available KV cache memory: -2.77 GiB\n"
+                  "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] EngineCore failed to start.\n"
+                  "(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] ValueError: No available memory for the "
+                  "cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n")
+    assert _run(["--json", "--flags", "--gpu-memory-utilization 0.7 --max-model-len 8192", str(v1)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["numbers"]["engine"] == "v1" and got["remedy"]["flags"] == {"--enforce-eager": ""}, got["remedy"]
+
+
+# --------------------------------------------------------------------------- how the log was read
+CARRIED = LOGS / "carriers"
+
+
+def _guard_own_lines(path: Path) -> int:
+    """The guard's own lines in a journal: its JSON log records and journalctl's ``-- Boot`` notes
+    (counted here from the file, by their shape)."""
+    lines = path.read_text().splitlines()
+    return (sum(1 for ln in lines if ']: {"' in ln and '"event"' in ln and '"level"' in ln)
+            + sum(1 for ln in lines if ln.startswith("-- ")))
+
+
+def test_journalctl_piped_to_diagnose_dash_names_journald_and_the_guards_own_lines() -> None:
+    """`journalctl -u vllm-guard | vllm-guard diagnose -`: the verdict, and a line saying how it was read."""
+    path = CARRIED / "journalctl-u-vllm-guard-kv-cache.log"
+    done = _subprocess("-", stdin=path.read_bytes())
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode().splitlines()
+    assert out[0] == "-: kv_cache_insufficient (healable, during kv_cache)"
+    own = _guard_own_lines(path)
+    assert own == 3
+    assert (f"  read as:  journald (journalctl) lines, their prefixes removed; {own} of vllm-guard's own "
+            "lines skipped") in out
+    assert "  relaunch: --max-model-len 65408" in out
+
+
+def test_json_report_says_which_carrier_and_that_a_console_listed_newest_first() -> None:
+    done = _subprocess("--json", "-", stdin=(CARRIED / "gcloud-logging-read-newest-first-model-path-missing.log")
+                       .read_bytes())
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["kind"] == "config_error" and got["healable"] is False
+    assert (got["carrier"], got["carrier_what"]) == ("console", "a cloud console or log viewer")
+    assert got["newest_first"] is True and got["wrapped_at"] is None and got["guard_lines"] == 0
+
+
+@pytest.mark.parametrize(("name", "marker"), [("github-quote-wrapped-100-kv-cache.log", "> "),
+                                              ("list-item-indented-wordwrap-72-cpu-kv-space.log", "    ")])
+def test_a_wrapped_paste_reports_the_width_it_was_wrapped_at(name: str, marker: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The width is the paste's own widest line once its quote or indentation is off."""
+    path = CARRIED / name
+    width = max(len(ln[len(marker):]) for ln in path.read_text().splitlines()
+                if ln.startswith(marker) and not ln[len(marker):].startswith((" ", "\t")))
+    assert _run(["--json", str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["wrapped_at"] == width
+    assert got["carrier"] is None and got["newest_first"] is False
+    assert _run([str(path)]) == 0
+    assert f"  read as:  wrapped at {width} columns, re-joined" in capsys.readouterr().out.splitlines()
+
+
+def test_vllms_own_output_has_no_read_as_line(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = LOGS / "v0" / "0.7.2-oom-cudagraph.log"      # vLLM's own lines, as its server printed them
+    assert _run([str(plain)]) == 0
+    assert "read as:" not in capsys.readouterr().out
+    assert _run(["--json", str(plain)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["carrier"], got["carrier_what"], got["wrapped_at"], got["newest_first"], got["guard_lines"]) == (
+        None, "", None, False, 0)

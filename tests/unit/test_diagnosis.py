@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.classifier import Classifier, classify, normalize
-from supervisor.core.diagnosis import PHASES, Diagnosis, Kind
+from supervisor.core.diagnosis import VERDICT_PHASES, Diagnosis, Kind
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())
@@ -31,7 +31,7 @@ def test_fixture_kind_and_numbers(rel: str) -> None:
         assert got.numbers.get(key) == value, f"{rel}: numbers[{key!r}] = {got.numbers.get(key)!r}, want {value!r}"
     if "phase" in want:
         assert got.phase == want["phase"]
-    assert got.phase in PHASES
+    assert got.phase in VERDICT_PHASES
     assert len(got.evidence) <= 500
     if got.names_a_failure and want.get("exit_code") is None:
         assert got.evidence, "a named failure carries the line that decided it"
@@ -242,7 +242,7 @@ def test_progress_numbers_are_exposed_while_streaming() -> None:
         assert c.feed(line) is None
     assert c.numbers == {"vllm_version": "0.32.0", "block_size": 128, "model_loading_gib": 0.94,
                          "available_kv_gib": 3.5, "kv_cache_tokens": 1117584, "auto_fit_max_model_len": 41840,
-                         "served_max_model_len": 41840}
+                         "served_max_model_len": 41840, "engine": "v1"}   # "Initializing a V1 LLM engine"
     assert c.phase == "kv_cache"
     assert not c.serving
     c.feed("(APIServer pid=1) INFO 09-20 10:00:09 [entry.py:1] Starting vLLM server on http://0.0.0.0:8000")
@@ -470,13 +470,24 @@ def test_an_error_with_a_traceback_no_rule_names_is_an_unknown_failure(before: l
     assert got.evidence == "KeyError: 'model.layers.0.mlp.experts.w13_weight'"
 
 
-def test_model_inspection_failing_in_a_subprocess_is_not_healthy() -> None:
-    got = classify([
-        "ERROR 05-02 10:00:00 [registry.py:360] Error in inspecting model architecture 'Qwen2ForCausalLM'",
-        "ERROR 05-02 10:00:00 [registry.py:360] Traceback (most recent call last):",
-        "ERROR 05-02 10:00:00 [registry.py:360] subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', "
-        "'vllm.model_executor.models.registry']' returned non-zero exit status 1."])
-    assert got.kind is Kind.UNKNOWN_FAILURE and "CalledProcessError" in got.evidence
+def test_model_inspection_failing_in_a_subprocess_is_a_configuration_error() -> None:
+    """vLLM reads a model's code in a subprocess (model_executor/models/registry.py: _run_in_subprocess);
+    it fails when that code, or a package it needs, cannot load: an installation or model problem
+    that no relaunch fixes. (Was unknown_failure; issue 22 names it: configuration/installation.)"""
+    e = "ERROR 05-02 10:00:00 [registry.py:360] "
+    cut = [e + "Error in inspecting model architecture 'Qwen2ForCausalLM'", e + "Traceback (most recent call last):",
+           e + '  File "/usr/local/lib/python3.10/dist-packages/vllm/model_executor/models/registry.py", line 587, in '
+               "_run_in_subprocess",
+           e + "subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', "
+               "'vllm.model_executor.models.registry']' returned non-zero exit status 1."]
+    got = classify(cut)
+    assert got.kind is Kind.CONFIG_ERROR and "Qwen2ForCausalLM" in got.evidence
+    assert classify(cut[3:]).kind is Kind.CONFIG_ERROR            # the subprocess's exit alone
+    # the subprocess's own error, quoted by the wrapper, names the root cause when a rule knows it
+    root = classify(cut + [e + "The above exception was the direct cause of the following exception:",
+                           e + "RuntimeError: Error raised in subprocess:",
+                           e + "ModuleNotFoundError: No module named 'flash_attn'"])
+    assert root.kind is Kind.CONFIG_ERROR and root.evidence == "ModuleNotFoundError: No module named 'flash_attn'"
     then = classify(["ValueError: Model architectures ['Qwen2ForCausalLM'] failed to be inspected. Please check the logs "
                      "for more details."])
     assert then.kind is Kind.CONFIG_ERROR
@@ -523,8 +534,6 @@ _RUNTIME_OOMS = {
         '    raise type(err)(f"Error in model execution (input dumped to {filename}): "',
         _TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped to "
                            "/tmp/err_execute_model_input_20241015-120000.pkl): CUDA out of memory", 1)]],
-    "the dump wrapper's line alone": [_TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped "
-                                                         "to /tmp/err_execute_model_input_1.pkl): CUDA out of memory", 1)],
     "MQEngineDeadError naming the OOM": [
         "vllm.engine.multiprocessing.MQEngineDeadError: Engine loop is not running. Inspect the stacktrace to find "
         "the original error: OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB.')"],
@@ -548,6 +557,121 @@ _RUNTIME_OOMS = {
 def test_runtime_ooms_are_placed_by_their_frames_and_context(name: str) -> None:
     got = classify(_RUNTIME_OOMS[name])
     assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
+
+
+# --------------------------------------------------------------------------- each way an OOM is placed
+# One test per path, each built so that only that path can place the OOM right (the other paths are
+# absent from the log, or would place it elsewhere): removing the path fails its test.
+_LOADING = "INFO 09-20 10:00:01 [gpu_model_runner.py:1] Starting to load model m..."      # a milestone
+_PROFILING = "INFO 09-20 10:00:02 [gpu_model_runner.py:1] Model loading took 14.25 GiB and 4.1 seconds"
+
+
+def test_an_oom_the_message_names_is_a_weight_oom_wherever_it_is() -> None:
+    """vLLM's own "Failed to load model - not enough GPU memory" (gpu_model_runner.load_model, 0.13+)."""
+    line = ("ERROR 09-20 10:00:03 [gpu_model_runner.py:3421] Failed to load model - not enough GPU memory. Try "
+            "lowering --gpu-memory-utilization to free memory for weights, increasing --tensor-parallel-size, or "
+            "using --quantization.")
+    got = classify([_PROFILING, "INFO 09-20 10:00:03 [kv_cache_utils.py:1] GPU KV cache size: 10,000 tokens", line], 1)
+    assert (got.kind, got.phase) == (Kind.OOM_WEIGHTS, "loading")
+
+
+def test_after_serving_began_an_oom_is_the_servings_whatever_start_up_frame_it_shows() -> None:
+    """Once vLLM served, an OOM is a serving OOM even where the pasted traceback keeps only a loading
+    frame (weights reloaded while serving)."""
+    lines = [_LOADING, 'INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+             *_tb("load_weights", path=f"{_S}/model_executor/models/llama.py"), _OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+@pytest.mark.parametrize("frames", [
+    # the API server streaming a chat completion (V0 runs the engine in the API server's process)
+    (("chat_completion_stream_generator", f"{_S}/entrypoints/openai/serving_chat.py"),
+     ("generate", f"{_S}/engine/async_llm_engine.py")),
+    # attention over a prompt's computed context (a later chunk of a chunked prefill, a cached prefix):
+    # the profile's dummy batch has none
+    (("forward", f"{_S}/attention/backends/mla/common.py"),
+     ("_compute_prefill_context", f"{_S}/attention/backends/mla/common.py")),
+    # the V1 engine core's busy loop, reloading weights while serving (a loading frame under it)
+    (("run_busy_loop", f"{_S}/v1/engine/core.py"), ("_process_input_queue", f"{_S}/v1/engine/core.py"),
+     ("load_weights", f"{_S}/model_executor/models/llama.py")),
+    # V0's engine loop
+    (("run_engine_loop", f"{_S}/engine/async_llm_engine.py"), ("engine_step", f"{_S}/engine/async_llm_engine.py"),
+     ("_dummy_sampler_run", f"{_S}/worker/model_runner.py")),
+], ids=["request handler", "prefill over a computed context", "busy loop over a loading frame", "v0 engine loop"])
+def test_a_frame_only_a_serving_vllm_runs_places_the_oom_in_serving(frames: tuple) -> None:
+    lines = [_LOADING, "Traceback (most recent call last):", *[_frame(f, p) for f, p in frames], _OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
+
+
+def test_a_serving_loop_name_in_another_package_places_nothing() -> None:
+    """torch._dynamo has a ``step`` of its own (its bytecode interpreter, inside a compile in profile_run)."""
+    lines = [_PROFILING, "Traceback (most recent call last):",
+             _frame("step", "/usr/lib/python3/dist-packages/torch/_dynamo/symbolic_convert.py"), _OOM]
+    assert classify(lines, 1).kind is Kind.OOM_PROFILE
+
+
+def test_a_dead_engine_loop_naming_the_oom_places_it_in_serving_over_the_last_milestone() -> None:
+    line = ("vllm.engine.multiprocessing.MQEngineDeadError: Engine loop is not running. Inspect the stacktrace to "
+            "find the original error: OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB.')")
+    got = classify([_PROFILING, line], 1)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+def test_a_serving_time_wrapper_after_a_frameless_oom_places_it_in_serving() -> None:
+    """V1 0.8.5+: the engine core's "EngineCore encountered a fatal error." and the API server's
+    "AsyncLLM output_handler failed." follow the root cause."""
+    lines = [_PROFILING, _E1 + _TORCH_OOM, _API + "ERROR 09-20 10:00:01 [async_llm.py:480] AsyncLLM output_handler failed."]
+    got = classify(lines)
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+def test_a_frame_of_the_models_execution_alone_places_the_oom_in_serving() -> None:
+    """V1's GPUModelRunner.execute_model runs requests (profiling and capture use _dummy_run): with no
+    frame of a start-up phase above it, the engine was serving, whatever milestone was last pasted."""
+    lines = [_PROFILING, "INFO 09-20 10:00:03 [kv_cache_utils.py:1] GPU KV cache size: 10,000 tokens",
+             *_tb("execute_model"), _OOM]
+    assert (classify(lines, 1).kind, classify(lines, 1).phase) == (Kind.OOM_RUNTIME, "serving")
+
+
+def test_a_later_copy_of_the_oom_with_frames_places_it_over_the_first_copys_milestone() -> None:
+    """V0's MQ engine logs str(e) first (no frames), then the traceback: its frames place the OOM."""
+    v0 = "ERROR 10-15 12:00:00 engine.py:366] "
+    lines = ["INFO 10-15 12:00:00 model_runner.py:1077] Loading model weights took 14.9595 GB",
+             v0 + "CUDA out of memory. Tried to allocate 2.00 GiB.", "Traceback (most recent call last):",
+             _frame("capture_model", f"{_S}/worker/model_runner.py"), _frame("capture", f"{_S}/worker/model_runner.py"),
+             _TORCH_OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.OOM_CUDAGRAPH, "cudagraph")
+    assert got.numbers["tried_to_allocate_mib"] == 2048.0
+
+
+def test_the_milestone_before_a_frameless_oom_places_it() -> None:
+    assert classify([_PROFILING, _TORCH_OOM], 1).kind is Kind.OOM_PROFILE
+    assert classify([_LOADING, _TORCH_OOM], 1).kind is Kind.OOM_WEIGHTS
+
+
+def test_v0_model_execution_wrapper_is_no_evidence_of_serving() -> None:
+    """vLLM 0.6.x's dump_input_when_exception wraps execute_model, which profile_run calls too."""
+    line = _TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped to "
+                              "/tmp/err_execute_model_input_20241015-120000.pkl): CUDA out of memory", 1)
+    assert classify([_PROFILING, line], 1).kind is Kind.OOM_PROFILE
+    assert classify([line], 1).phase == "unknown"
+
+
+def test_an_oom_nothing_places_has_an_unknown_phase_and_the_daemon_places_it_where_the_stream_was() -> None:
+    from supervisor.core.classifier import place
+
+    got = classify([_TORCH_OOM], 1)
+    assert got.phase == "unknown" and "nothing in the log says where" in got.detail
+    assert got.kind is Kind.OOM_WEIGHTS       # read as the phase the output reached: the start-up's first
+    assert got.numbers["tried_to_allocate_mib"] == 1536.0
+    served = place(got, "serving")             # the live launch had answered a probe
+    assert (served.kind, served.phase) == (Kind.OOM_RUNTIME, "serving")
+    assert served.numbers == got.numbers
+    assert (place(got, "profiling").kind, place(got, "cudagraph").kind) == (Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH)
+    assert place(classify([_PROFILING, _TORCH_OOM], 1), "serving").phase == "profiling"   # placed: kept
 
 
 def test_the_private_pools_phrase_is_no_evidence_of_capture() -> None:
@@ -707,3 +831,93 @@ def test_vllm_0_3_profiling_frames_place_an_oom() -> None:
              "14.50 GiB already allocated; 3.06 MiB free; 14.60 GiB reserved in total by PyTorch)"]
     got = classify(lines, 1)
     assert (got.kind, got.phase) == (Kind.OOM_PROFILE, "profiling")
+
+
+# --------------------------------------------------------------------------- numbers that say the kind
+@pytest.mark.parametrize("line, number", [
+    # V1 gpu_worker.determine_available_memory (0.9.1+): logger.info("Available KV cache memory: %.2f GiB")
+    ("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] Available KV cache memory: -2.77 GiB",
+     ("available_kv_gib", -2.77)),
+    # V0 worker.determine_num_available_blocks (0.6.4-0.7): the profile's summary, one record of several lines
+    ("INFO 10-15 12:00:12 worker.py:232] model weights take 14.99GiB; non_torch_memory takes 0.09GiB; PyTorch "
+     "activation peak memory takes 7.35GiB; the rest of the memory reserved for KV Cache is -1.05GiB.",
+     ("available_kv_gib", -1.05)),
+    # V0 executor_base.initialize_cache (0.7): logger.info("# %s blocks: %d, # CPU blocks: %d")
+    ("INFO 10-15 12:00:13 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
+    ("INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
+])
+def test_no_memory_left_for_the_kv_cache_is_read_from_the_sizing_line_when_the_traceback_is_cut(line: str, number: tuple) -> None:
+    c = Classifier()
+    assert c.feed("INFO 10-15 12:00:10 model_runner.py:1077] Loading model weights took 14.9595 GB") is None
+    assert c.feed(line) is None      # not announced while streaming: vLLM raises at once, or goes on
+    got = c.diagnose(None)
+    assert (got.kind, got.phase) == (Kind.NO_KV_CACHE_MEMORY, "kv_cache")
+    assert got.numbers[number[0]] == number[1]
+    # the error itself, when it comes, is the evidence
+    err = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
+    assert c.feed(err) is not None and c.diagnose(1).evidence == err
+
+
+def test_zero_blocks_of_an_attention_free_model_that_goes_on_is_no_failure() -> None:
+    """V0 gives an attention-free model (Mamba) no cache blocks and goes on (worker.raise_if_cache_size_invalid)."""
+    lines = ["INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 0",
+             "INFO 10-15 12:00:14 model_runner.py:1404] Capturing cudagraphs for decoding.",
+             "INFO 10-15 12:00:30 launcher.py:19] Available routes are:", "INFO:     Application startup complete."]
+    assert classify(lines).kind is Kind.HEALTHY
+    assert classify(["INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 2471, # CPU blocks: 2048"]).kind \
+        is Kind.INCOMPLETE
+
+
+# --------------------------------------------------------------------------- wrapped causes with a plain meaning
+def test_an_exception_raised_in_a_vllm_plugins_own_code_is_an_installation_error() -> None:
+    """An out-of-tree platform plugin (vllm-ascend) failing in its own profile_run: a plugin that does not
+    match the installed vLLM."""
+    p = "/usr/local/python3.10/lib/python3.10/site-packages"
+    lines = ["(EngineCore_DP0 pid=7) ERROR 09-20 10:00:41 [core.py:718] EngineCore failed to start.",
+             "Traceback (most recent call last):",
+             f'  File "{p}/vllm/v1/engine/core.py", line 709, in run_engine_core',
+             f'  File "{p}/vllm_ascend/worker/worker_v1.py", line 214, in determine_available_memory',
+             f'  File "{p}/vllm_ascend/worker/model_runner_v1.py", line 2411, in profile_run',
+             "KeyError: 'attn_metadata'",
+             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (Kind.CONFIG_ERROR, "profiling")
+    assert got.numbers["plugin"] == "vllm_ascend" and "vllm_ascend" in got.detail
+    assert got.evidence == "KeyError: 'attn_metadata'"
+    # the same exception raised in vLLM's own code stays an unknown failure (a checkpoint's missing key)
+    own = lines[:3] + [f'  File "{p}/vllm/model_executor/models/llama.py", line 480, in load_weights',
+                       "KeyError: 'model.layers.0.mlp.gate_proj.weight'", lines[-1]]
+    assert classify(own, 1).kind is Kind.UNKNOWN_FAILURE
+
+
+# --------------------------------------------------------------------------- a request's error stays the request's
+def test_a_requests_error_stays_the_requests_when_the_paste_stops_before_its_exception_line() -> None:
+    lines = ["(APIServer pid=1) ERROR 09-20 10:00:02 [serving_chat.py:222] Error in preprocessing prompt inputs",
+             "(APIServer pid=1) Traceback (most recent call last):",
+             f'(APIServer pid=1)   File "{_S}/entrypoints/openai/serving_chat.py", line 196, in create_chat_completion',
+             f'(APIServer pid=1)   File "{_S}/entrypoints/openai/serving_engine.py", line 808, in _preprocess_chat']
+    for cut in range(1, len(lines) + 1):
+        got = classify(lines[:cut])
+        assert got.kind is Kind.HEALTHY and got.phase == "serving", (cut, got)
+
+
+# --------------------------------------------------------------------------- warnings are not fatal
+@pytest.mark.parametrize("line", [
+    # journalctl -u vllm-guard: vLLM's WARNING behind journald's prefix (envs.py / platforms validate_environ)
+    "Aug 19 18:30:11 gpu-host vllm-guard[8707]: (APIServer pid=8710) WARNING 08-19 18:30:11 [interface.py:1470] "
+    "Unknown vLLM environment variable detected: VLLM_USE_V1",
+    # the same message with its header lost (a paste of the message alone): the raised form says ValueError
+    "Unknown vLLM environment variable detected: VLLM_USE_V1",
+    "User-specified max_model_len (65536) is greater than the derived max_model_len (max_position_embeddings=32768 or "
+    "model_max_length=None in model's config.json). VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution.",
+])
+def test_a_text_vllm_also_only_warns_is_fatal_only_in_its_raised_form(line: str) -> None:
+    assert not classify([line]).names_a_failure
+
+
+def test_the_raised_forms_of_those_texts_are_fatal() -> None:
+    assert classify(["ValueError: Unknown vLLM environment variable detected: VLLM_USE_V1"], 1).kind is Kind.CONFIG_ERROR
+    got = classify(["  Value error, User-specified max_model_len (65536) is greater than the derived max_model_len "
+                    "(max_position_embeddings=32768 or model_max_length=None in model's config.json). To allow "
+                    "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."], 1)
+    assert got.kind is Kind.MAX_LEN_EXCEEDS_MODEL and got.numbers["derived_max_model_len"] == 32768

@@ -117,3 +117,34 @@ def test_milestones_are_read_as_the_table_says(row: dict) -> None:
     want = "launching" if row["base"] in NOT_READ else NEXT.get(row["base"], row["kind"].split(":", 1)[1])
     assert c.phase == want
     assert c.diagnose(None).kind in (Kind.INCOMPLETE, Kind.HEALTHY)
+
+
+# --------------------------------------------------------------------------- the engine generation
+_NAMES_THE_VERSION = ("version", "Initializing a", "LLM engine (v")
+_AFTER_INIT = {"loading", "profiling", "kv_cache", "cudagraph", "warmup", "api_starting", "serving"}
+
+
+def test_the_engine_generation_is_read_from_a_log_whose_version_is_hidden() -> None:
+    """A wrapper or a build that hides vLLM's version: the generation comes from the log itself (its
+    process tags, files, and the words only one generation prints). Expected: the generation that
+    version runs by default (V1 from 0.8, cat.is_v1), for every catalogue log past engine start-up."""
+    read = 0
+    wrong = []
+    cases = [c for c in CASES if c.phase in _AFTER_INIT]
+    for case in cases:
+        c = Classifier()
+        for line in case.lines:
+            if not any(n in line for n in _NAMES_THE_VERSION):
+                c.feed(line)
+        got = c.diagnose(case.exit_code).numbers.get("engine")
+        want = "v1" if cat.is_v1(case.version) else "v0"
+        if got is not None:
+            read += 1
+            if got != want:
+                wrong.append(case.name)
+    assert not wrong, wrong[:10]
+    assert read >= 0.95 * len(cases), f"the generation read in {read} of {len(cases)} logs"
+    # its own banner says it outright, whatever else the log shows
+    c = Classifier()
+    c.feed("INFO 03-05 10:00:00 [llm_engine.py:232] Initializing a V0 LLM engine (v0.8.5) with config: model='m'")
+    assert c.numbers["engine"] == "v0"

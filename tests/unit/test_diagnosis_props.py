@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.core.classifier import Classifier, classify, normalize
-from supervisor.core.diagnosis import PHASES, Kind
+from supervisor.core.diagnosis import PHASES, VERDICT_PHASES, Kind
 
 # Fragments of real vLLM output mixed into random noise, so the rules actually fire.
 FRAGMENTS = [
@@ -31,7 +31,7 @@ exit_codes = st.one_of(st.none(), st.integers(min_value=-15, max_value=255))
 
 def _check(diagnosis) -> None:
     assert isinstance(diagnosis.kind, Kind)
-    assert diagnosis.phase in PHASES
+    assert diagnosis.phase in VERDICT_PHASES      # a start-up phase, or "unknown" (nothing placed it)
     assert len(diagnosis.evidence) <= 500
     assert isinstance(diagnosis.numbers, dict)
     assert isinstance(diagnosis.detail, str) and diagnosis.detail

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import config
+from supervisor.core import vllm, vllm_flags_data, vllm_options
 from supervisor.shell import auth
 from supervisor.shell.metrics import Metrics
 from supervisor.shell.status_server import StatusServer
@@ -101,6 +102,15 @@ def test_base_image_is_a_pinned_vllm_openai_release() -> None:
     assert re.fullmatch(r"vllm/vllm-openai:v\d+\.\d+\.\d+", default), default
     assert only("FROM") in ("${VLLM_IMAGE}", "$VLLM_IMAGE")
     assert dockerfile_parse.DockerfileParser(path=str(DOCKERFILE)).baseimage == default
+
+
+def test_the_base_image_is_the_newest_vllm_the_guard_knows() -> None:
+    """Current, and known: the default image's vLLM is the newest release whose rules (core/vllm.py's
+    NEWEST) and options (the flag table) the guard has, so moving NEWEST moves the image too."""
+    default = next(v for i, v in instructions() if i == "ARG" and v.startswith("VLLM_IMAGE=")).split("=", 1)[1]
+    tag = default.strip('"').split(":", 1)[1].lstrip("v")
+    assert vllm.parse_version(tag) == vllm.NEWEST
+    assert tag == vllm_flags_data.RELEASES[-1] and vllm_options.for_version(tag) is not None
 
 
 def test_the_guard_is_installed_from_the_copied_repo_into_its_own_venv() -> None:
@@ -260,3 +270,96 @@ def _hadolint() -> str | None:
 def test_hadolint_finds_nothing() -> None:
     out = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- every documented `docker run` line works as written --------------------------------------------------
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), DOCKERFILE]
+#: docker run's options the documents use: those that take a value, and switches.
+DOCKER_VALUE_OPTIONS = {"-p", "--publish", "-v", "--volume", "-e", "--env", "--gpus", "--stop-timeout", "--name",
+                        "--shm-size", "--ipc", "--network", "--restart", "--user", "-u", "--entrypoint"}
+DOCKER_SWITCHES = {"--rm", "-d", "--detach", "-i", "-t", "-it", "--init"}
+
+
+def documented_docker_runs() -> list[tuple[str, str]]:
+    """(where, the command) for every `docker run` command in a shell block or the Dockerfile's comments,
+    its continuation lines joined."""
+    found = []
+    for path in DOCS:
+        lines = [re.sub(r"^#\s?", "", x) if path == DOCKERFILE else x for x in path.read_text().splitlines()]
+        i = 0
+        while i < len(lines):
+            text = lines[i].strip()
+            if text.startswith("docker run ") or text == "docker run":
+                cmd = text
+                while cmd.endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    cmd = cmd[:-1] + " " + lines[i].strip()
+                found.append((f"{path.relative_to(ROOT)}:{i + 1}", cmd))
+            i += 1
+    return found
+
+
+def as_a_fresh_shell_runs(cmd: str) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """What the container gets from ``cmd`` in a shell with nothing exported: its -e variables (a bare
+    ``-e NAME`` passes nothing), the arguments after the image, and the published ports (container ->
+    host spec). ``$(openssl rand -hex N)`` is what the shell makes of it: 2N hex digits. The synopsis'
+    placeholders (IMAGE, MODEL, [VLLM FLAGS...]) read as an image, a model and no flags."""
+    cmd = re.sub(r"\$\(openssl rand -hex (\d+)\)", lambda m: "0" * (2 * int(m.group(1))), cmd)
+    cmd = re.sub(r"\[[^\]]*\]", "", cmd)
+    words = shlex.split(cmd)[2:]
+    env: dict[str, str] = {}
+    ports: dict[str, str] = {}
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        opt, eq, value = words[i].partition("=")
+        if opt in DOCKER_SWITCHES:
+            i += 1
+            continue
+        assert opt in DOCKER_VALUE_OPTIONS, f"docker run option {opt} is not one this test reads"
+        if not eq:
+            i += 1
+            value = words[i]
+        if opt in ("-e", "--env") and "=" in value:
+            name, _, val = value.partition("=")
+            env[name] = val
+        if opt in ("-p", "--publish"):
+            ports[value.rsplit(":", 1)[-1]] = value
+        i += 1
+    image, args = words[i], words[i + 1:]
+    assert image in ("vllm-guard:0.1.0", "IMAGE"), f"{image} is not the image the documents build"
+    return env, ["org/model" if a == "MODEL" else a for a in args], ports
+
+
+@pytest.mark.parametrize("where, cmd", documented_docker_runs(), ids=[w for w, _ in documented_docker_runs()])
+def test_every_documented_docker_run_line_starts_the_guard(where: str, cmd: str, clean_env: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    """Each `docker run` line the README, the docs and the Dockerfile show, as a person would paste it:
+    the image's ENV under its -e variables, the ENTRYPOINT before its arguments, then the real config
+    resolution and the real check the guard makes before binding its status endpoint (a reachable
+    address needs a token of your own)."""
+    env, args, ports = as_a_fresh_shell_runs(cmd)
+    environ = {**clean_env, **env}
+    cfg = resolve(guard_argv_prefix() + args, environ)
+    assert cfg.model
+    token, _generated, explicit = auth.resolve_token(str(tmp_path / "state"), cfg.status.token_file, environ)
+    auth.check_bind(cfg.status.host, explicit, token)          # raises the error the guard would exit 78 with
+    for published in ports:
+        assert int(published) in (cfg.endpoint()[1], cfg.status.port), f"{where}: -p {ports[published]}"
+
+
+def test_a_docker_run_line_without_a_token_is_caught(clean_env: dict[str, str], tmp_path: Path) -> None:
+    """The line the README used to show: the guard refuses to bind 0.0.0.0 without a token of your own."""
+    env, args, _ = as_a_fresh_shell_runs("docker run IMAGE MODEL [vLLM flags]")
+    cfg = resolve(guard_argv_prefix() + args, {**clean_env, **env})
+    token, _generated, explicit = auth.resolve_token(str(tmp_path / "state"), "", {**clean_env, **env})
+    with pytest.raises(config.ConfigError, match="VLLM_GUARD_TOKEN"):
+        auth.check_bind(cfg.status.host, explicit, token)
+
+
+def test_the_readme_opens_with_the_gpu_host_quick_start_and_its_docker_line() -> None:
+    text = (ROOT / "README.md").read_text()
+    sections = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert sections[0] == "Quick start on a GPU host"
+    quick = text.split("## ", 2)[1]
+    assert "docker build -t vllm-guard:0.1.0 ." in quick and "docker run --gpus all" in quick

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.shell.child import LineSplitter
+from supervisor.core.vllm_text import LineSplitter
 
 
 def test_splits_on_lf_crlf_and_lone_cr():

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor.core.vllm_text import CARRIERS
 from supervisor.shell import output
 
 # vLLM's levels (Python logging's names as vLLM's formatter prints them) and the syslog priority each is
@@ -101,10 +102,30 @@ def test_every_line_on_the_journal_starts_with_the_guards_priority(journal, line
     assert len(shown) == len(lines)
     level = 6
     for line, got in zip(lines, shown, strict=True):
-        words = line.split(b") ", 1)[1] if line.startswith(b"(") and b") " in line else line
+        # a syslog priority vLLM's text starts with is a carrier's prefix: the level is the word behind it
+        seen = line[3:] if len(line) >= 3 and line[:1] == b"<" and line[1:2] in b"01234567" and line[2:3] == b">" \
+            else line
+        words = seen.split(b") ", 1)[1] if seen.startswith(b"(") and b") " in seen else seen
         word = words.split(b" ", 1)[0].decode("latin-1").removesuffix(":")   # uvicorn's "INFO:"
         if word in SYSLOG:
             level = SYSLOG[word]
         elif line.startswith(b"Traceback (most recent call last)"):
             level = 3
         assert got == f"<{level}>".encode() + line, (line, got)
+
+
+# A vLLM launched through a wrapper that prefixes its lines: the priority is the level behind the prefix,
+# read by the normaliser's carriers (each carrier's own example line, with vLLM's line in it).
+_ERROR_LINE = "(EngineCore_DP0 pid=9) ERROR 11-29 17:00:01 [core.py:1] EngineCore failed to start."
+_WARNING_LINE = "WARNING 11-29 17:00:02 [x.py:1] slow"
+
+
+@pytest.mark.parametrize("carrier", [c for c in CARRIERS if c.name != "priority"], ids=lambda c: c.name)
+def test_a_wrapped_vllms_line_gets_the_priority_of_the_level_behind_the_wrappers_prefix(journal, carrier):
+    read = journal(True)
+    out = output.VllmOutput(None)
+    lines = [carrier.example.replace("MSG", m).encode() for m in (_ERROR_LINE, _WARNING_LINE)]
+    for line in lines:
+        out.line(line, "stdout")
+    out.flush()
+    assert read() == [b"<3>" + lines[0], b"<4>" + lines[1]]

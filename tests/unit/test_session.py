@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.config import GuardConfig, build, flatten
 from supervisor.core.diagnosis import Diagnosis, Kind
@@ -267,27 +269,29 @@ SCENARIOS = [
                          for delay in (2.0, 4.0, 8.0, 16.0, 32.0))
              + (Quit(75, "6 launches in a row failed without becoming healthy (last: engine_dead: EngineDeadError)",
                      BUDGET, Kind.ENGINE_DEAD),)),
-    Scenario("the engine dies soon after serving: backoff grows, then failed at the crash-loop limit",
-             config(**{"backoff.crash_loop_limit": 2}), outcomes=(died(Kind.ENGINE_DEAD, 30.0),) * 3,
+    # issue 21 item 6: the first death after serving is relaunched at once; backoff is for crash loops
+    Scenario("the engine dies soon after serving: relaunched at once, then backoff grows, then failed at the "
+             "crash-loop limit", config(**{"backoff.crash_loop_limit": 2}),
+             outcomes=(died(Kind.ENGINE_DEAD, 30.0),) * 3,
              first=Go((), AS_GIVEN),
-             steps=(Go((), DIED_AGAIN.format("engine_dead"), 2.0, "engine_dead", "restart"),
-                    Go((), DIED_AGAIN.format("engine_dead"), 4.0, "engine_dead", "restart"),
+             steps=(Go((), DIED_AGAIN.format("engine_dead"), 0.0, "engine_dead", "restart"),
+                    Go((), DIED_AGAIN.format("engine_dead"), 2.0, "engine_dead", "restart"),
                     Quit(75, "vLLM died 3 times in a row soon after becoming healthy "
                              "(last: engine_dead: engine_dead while serving)", CRASHING, Kind.ENGINE_DEAD)),
              healthy_after=1),
     Scenario("the crash-loop limit at its default: 5 quick deaths are relaunched, the 6th is exit 75",
              outcomes=(died(Kind.ENGINE_DEAD, 30.0),) * 6, first=Go((), AS_GIVEN),
              steps=tuple(Go((), DIED_AGAIN.format("engine_dead"), delay, "engine_dead", "restart")
-                         for delay in (2.0, 4.0, 8.0, 16.0, 32.0))
+                         for delay in (0.0, 2.0, 4.0, 8.0, 16.0))
              + (Quit(75, "vLLM died 6 times in a row soon after becoming healthy "
                          "(last: engine_dead: engine_dead while serving)", CRASHING, Kind.ENGINE_DEAD),),
              healthy_after=1),
-    Scenario("a death after a long healthy run starts the count and the backoff afresh",
+    Scenario("a death after a long healthy run starts the count afresh: relaunched at once again",
              config(**{"backoff.crash_loop_limit": 1}),
              outcomes=(died(Kind.ENGINE_DEAD, 30.0), died(Kind.ENGINE_DEAD, 3600.0), died(Kind.ENGINE_DEAD, 30.0)),
              first=Go((), AS_GIVEN),
-             steps=(Go((), DIED_AGAIN.format("engine_dead"), 2.0, "engine_dead", "restart"),
-                    Go((), DIED_AGAIN.format("engine_dead"), 2.0, "engine_dead", "restart"),
+             steps=(Go((), DIED_AGAIN.format("engine_dead"), 0.0, "engine_dead", "restart"),
+                    Go((), DIED_AGAIN.format("engine_dead"), 0.0, "engine_dead", "restart"),
                     Quit(75, "vLLM died 2 times in a row soon after becoming healthy "
                              "(last: engine_dead: engine_dead while serving)", CRASHING, Kind.ENGINE_DEAD)),
              healthy_after=1),
@@ -296,8 +300,8 @@ SCENARIOS = [
              config(**{"backoff.crash_loop_limit": 1}),
              outcomes=(died(Kind.ENGINE_DEAD, 599.9), died(Kind.ENGINE_DEAD, 600.0), died(Kind.ENGINE_DEAD, 599.9)),
              first=Go((), AS_GIVEN),
-             steps=(Go((), DIED_AGAIN.format("engine_dead"), 2.0, "engine_dead", "restart"),
-                    Go((), DIED_AGAIN.format("engine_dead"), 2.0, "engine_dead", "restart"),
+             steps=(Go((), DIED_AGAIN.format("engine_dead"), 0.0, "engine_dead", "restart"),
+                    Go((), DIED_AGAIN.format("engine_dead"), 0.0, "engine_dead", "restart"),
                     Quit(75, "vLLM died 2 times in a row soon after becoming healthy "
                              "(last: engine_dead: engine_dead while serving)", CRASHING, Kind.ENGINE_DEAD)),
              healthy_after=1),
@@ -329,10 +333,10 @@ SCENARIOS = [
              steps=(Quit(78, REFUSED + "vllm: error: unrecognized arguments: --foo",
                          "remove or correct the flag vLLM names; check it against `vllm serve --help` of the "
                          "installed version", Kind.CONFIG_ERROR),)),
-    Scenario("OOM while serving: the last good flags with half the sequences, after backoff",
+    Scenario("OOM while serving: the last good flags with half the sequences, at once (it had served)",
              config("--max-num-seqs 64"), outcomes=(died(Kind.OOM_RUNTIME, 60.0),),
              first=Go(("--max-num-seqs", "64"), AS_GIVEN),
-             steps=(Go(("--max-num-seqs", "32"), "CUDA ran out of memory while serving", 2.0, "oom_runtime",
+             steps=(Go(("--max-num-seqs", "32"), "CUDA ran out of memory while serving", 0.0, "oom_runtime",
                        "oom_runtime", (("--max-num-seqs", "64", "32"),)),), healthy_after=1),
     Scenario("a restart request: the current flags again, no backoff",
              config("--max-model-len 8192"), outcomes=(Outcome(RESTART),),
@@ -401,14 +405,15 @@ AFTER = {
         After("starting backoff starting backoff starting failed"),
     "the launch budget at its default: 6 launches that never serve, then exit 75":
         After("starting backoff " * 5 + "starting failed"),
-    "the engine dies soon after serving: backoff grows, then failed at the crash-loop limit":
-        After("starting healthy backoff starting healthy backoff starting healthy failed"),
+    "the engine dies soon after serving: relaunched at once, then backoff grows, then failed at the "
+    "crash-loop limit":
+        After("starting healthy restarting starting healthy backoff starting healthy failed"),
     "the crash-loop limit at its default: 5 quick deaths are relaunched, the 6th is exit 75":
-        After("starting healthy backoff " * 5 + "starting healthy failed"),
-    "a death after a long healthy run starts the count and the backoff afresh":
-        After("starting healthy backoff starting healthy backoff starting healthy failed"),
+        After("starting healthy restarting " + "starting healthy backoff " * 4 + "starting healthy failed"),
+    "a death after a long healthy run starts the count afresh: relaunched at once again":
+        After("starting healthy restarting starting healthy restarting starting healthy failed"),
     "the crash-loop window at its default: 600 s of health make a death a fresh start":
-        After("starting healthy backoff starting healthy backoff starting healthy failed"),
+        After("starting healthy restarting starting healthy restarting starting healthy failed"),
     "backoff is capped at backoff.maximum": After("starting backoff " * 4),
     "backoff at its defaults: 2 s doubling up to 120 s": After("starting backoff " * 8),
     "the port is in use: retried a few times, then a configuration error":
@@ -416,8 +421,8 @@ AFTER = {
     "the port is in use: 3 retries at the default, the 4th time a configuration error":
         After("starting backoff starting backoff starting backoff starting failed"),
     "a configuration vLLM refuses: exit 78 at once": After("starting failed"),
-    "OOM while serving: the last good flags with half the sequences, after backoff": After(
-        "starting healthy backoff", {"--max-num-seqs": ("32", "64", "heal", "CUDA ran out of memory while serving; "
+    "OOM while serving: the last good flags with half the sequences, at once (it had served)": After(
+        "starting healthy restarting", {"--max-num-seqs": ("32", "64", "heal", "CUDA ran out of memory while serving; "
                                                         "fewer concurrent sequences need less activation memory")}),
     "a restart request: the current flags again, no backoff": After("starting restarting"),
     "a restart request after a heal keeps the healed flags": After("starting restarting starting restarting",
@@ -472,7 +477,7 @@ def _serving(cfg: GuardConfig | None = None) -> tuple[Session, list[State]]:
 
 
 def _walk_unhealthy_then(end: str) -> list[State]:
-    s, states = _serving(config(**{"backoff.crash_loop_limit": 1}))
+    s, states = _serving(config(**{"backoff.crash_loop_limit": 2}))
     s.unhealthy("HTTP 500")
     if end == "recovers":
         s.recovered()
@@ -480,12 +485,13 @@ def _walk_unhealthy_then(end: str) -> list[State]:
         s.stopping("signal")
     elif end == "restart":
         s.restart(reset=False)
-    else:                       # hung: the watcher ends the launch; twice in a row is a crash loop
+    else:       # hung: the watcher ends the launch; relaunched at once, then after a backoff, then a crash loop
         s.ended(died(Kind.ENGINE_DEAD, 30.0))
-        s.launching()
-        s.healthy({}, 5.0)
-        s.unhealthy("HTTP 500")
-        s.ended(died(Kind.ENGINE_DEAD, 30.0))
+        for _ in range(2):
+            s.launching()
+            s.healthy({}, 5.0)
+            s.unhealthy("HTTP 500")
+            s.ended(died(Kind.ENGINE_DEAD, 30.0))
     return states
 
 
@@ -547,6 +553,44 @@ def test_a_restart_asked_during_backoff_skips_the_wait() -> None:
     assert isinstance(step, Launch) and step.delay > 0 and s.state is State.BACKOFF
     again = s.restart(reset=False)
     assert again.delay == 0 and s.state is State.RESTARTING and s.restarts == 1
+
+
+RUNTIME_KINDS = st.sampled_from([Kind.ENGINE_DEAD, Kind.UNKNOWN_FAILURE, Kind.HEALTHY, Kind.OOM_RUNTIME,
+                                  Kind.INCOMPLETE, Kind.NO_VLLM_OUTPUT])
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=RUNTIME_KINDS, second=RUNTIME_KINDS, served=st.floats(0.0, 1e6), soon=st.floats(0.0, 599.0),
+       window=st.floats(1.0, 3600.0), jitter=st.floats(0.0, 5.0), seed=st.integers(0, 2**32))
+def test_the_first_relaunch_after_serving_is_immediate_and_a_crash_loop_backs_off(
+        first: Kind, second: Kind, served: float, soon: float, window: float, jitter: float, seed: int) -> None:
+    """Time to serve again after an engine death is vLLM's own start-up: no backoff, no jitter, for the
+    first death after serving however long it served; a second death within the crash-loop window of
+    becoming healthy backs off (initial 2 s, plus jitter)."""
+    cfg = config("--max-num-seqs 64", **{"backoff.jitter": jitter, "backoff.crash_loop_window": window,
+                                         "backoff.crash_loop_limit": 5})
+    s = Session(cfg, Facts(), rng=random.Random(seed))
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 10.0)
+    step = s.ended(died(first, served))
+    assert isinstance(step, Launch) and step.delay == 0.0 and s.state is State.RESTARTING
+    s.launching()
+    s.healthy({}, 10.0)
+    again = s.ended(died(second, soon * window / 600.0))       # within the window
+    assert isinstance(again, Launch) and 2.0 <= again.delay <= 2.0 + jitter and s.state is State.BACKOFF
+
+
+def test_a_launch_that_never_served_still_backs_off_after_one_that_did() -> None:
+    """Only a death after serving skips the wait: the relaunch after it failing at start-up backs off."""
+    s = Session(config(), Facts(), rng=random.Random(0))
+    s.first_launch()
+    s.launching()
+    s.healthy({}, 10.0)
+    assert s.ended(died(Kind.ENGINE_DEAD, 120.0)).delay == 0.0
+    s.launching()
+    step = s.ended(fail(Kind.ENGINE_DEAD))
+    assert isinstance(step, Launch) and step.delay == 2.0
 
 
 def test_jitter_comes_from_the_random_source_given() -> None:
@@ -704,7 +748,10 @@ def test_each_state_change_says_why() -> None:
     s.healthy({}, 5.0)
     s.unhealthy("HTTP 500 from /v1/chat/completions")
     s.recovered()
-    s.ended(died(Kind.ENGINE_DEAD, 30.0))
+    s.ended(died(Kind.ENGINE_DEAD, 30.0))          # the first death after serving: at once (issue 21 item 6)
+    s.launching()
+    s.healthy({}, 5.0)
+    s.ended(died(Kind.ENGINE_DEAD, 30.0))          # a second one soon after: a crash loop, backoff
     s.restart(reset=False)
     s.launching()
     s.ended(fail(Kind.CONFIG_ERROR, "OSError: [Errno 98] Address already in use"))
@@ -717,14 +764,17 @@ def test_each_state_change_says_why() -> None:
         ("healthy", "launch 2 serves"),
         ("unhealthy", "HTTP 500 from /v1/chat/completions"),
         ("healthy", "probes pass again"),
+        ("restarting", "engine_dead after serving; relaunching at once"),
+        ("starting", "launch 3"),
+        ("healthy", "launch 3 serves"),
         ("backoff", "engine_dead; retrying in 2.0 s"),
         ("restarting", "restart requested"),
-        ("starting", "launch 3"),
+        ("starting", "launch 4"),
         ("failed", "vLLM refused its configuration: OSError: [Errno 98] Address already in use"),
         ("stopping", "gave up"),
         ("stopped", "gave up"),
     ]
-    assert (s.launches, s.restarts, s.state) == (3, 1, State.STOPPED)
+    assert (s.launches, s.restarts, s.state) == (4, 1, State.STOPPED)
 
 
 def test_learned_flags_that_fail_say_so_in_the_state_and_count_the_failure() -> None:

@@ -1,0 +1,1015 @@
+"""vLLM's text as it arrives: bytes -> lines -> records, with whatever carried the log taken off.
+
+Pure: no I/O, no clock. One stage, run the same on the daemon's live pipes and on ``vllm-guard
+diagnose``'s files, before any rule of :mod:`supervisor.core.classifier` sees a line:
+
+1. :class:`LineSplitter`: bytes in bounded chunks -> lines (``\\n``, ``\\r\\n``, lone ``\\r``), each at
+   most :data:`MAX_LINE` bytes; what a line holds beyond that is dropped.
+2. :class:`Normalizer`, per line: NUL bytes and ANSI colour out; markdown quote markers (``> ``) and
+   the indentation of a whole indented paste out; the prefixes of the carriers that shipped the log
+   (:data:`CARRIERS`: journald, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray, cloud
+   consoles, JSON log lines, ...) out, CRI's partial lines joined; entries of a console that printed
+   newest first put back in time order; lines hard-wrapped by a terminal or an editor (60 to 300
+   columns, mid-word or at words) re-joined; a log pasted with its line breaks lost cut back into
+   records; a line retyped in lower case given back the case of the phrases vLLM prints; then vLLM's
+   own prefixes (process tags, ``[rankN]:``, the log header) read into a :class:`Record`.
+
+The guard's own log lines (a journal holds them beside vLLM's) are not vLLM's and are dropped.
+Where each carrier's format comes from: ``docs/failure-catalogue.md``, "How logs arrive".
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import NamedTuple
+
+# --------------------------------------------------------------------------- bytes -> lines
+MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
+
+
+class LineSplitter:
+    """Bytes in, complete lines out (split on ``\\n``, ``\\r\\n`` and lone ``\\r``); pure.
+
+    The daemon's pipes and ``diagnose``'s files both go through it, so both see the same lines."""
+
+    __slots__ = ("_buf", "_skipping", "_pending_cr", "max_line")
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self._buf = bytearray()
+        self._skipping = False        # inside an over-long line: drop until its end
+        self._pending_cr = False      # the last chunk ended in \r: a following \n belongs to it
+        self.max_line = max_line
+
+    def feed(self, data: bytes) -> list[bytes]:
+        # The common chunk (no \r, not inside an over-long line) is cut by bytes.split, in C: a busy vLLM
+        # prints 100,000+ lines a second, and the loop below costs a microsecond a line.
+        if not self._skipping and not self._pending_cr and b"\r" not in data:
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if lines:
+                if self._buf:
+                    lines[0] = bytes(self._buf) + lines[0]
+                if len(rest) <= self.max_line and max(map(len, lines)) <= self.max_line:
+                    self._buf.clear()
+                    self._buf += rest
+                    return lines
+            elif len(self._buf) + len(rest) <= self.max_line:
+                self._buf += rest
+                return []
+        return self._feed_slow(data)
+
+    def _feed_slow(self, data: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        start = 0
+        if self._pending_cr and data[:1] == b"\n":
+            start = 1
+        self._pending_cr = False
+        n = len(data)
+        i = start
+        while i < n:
+            j_n = data.find(b"\n", i)
+            j_r = data.find(b"\r", i)
+            if j_n < 0 and j_r < 0:
+                self._append(data[i:], out)
+                break
+            j = j_n if j_r < 0 or (0 <= j_n < j_r) else j_r
+            self._append(data[i:j], out)
+            if self._skipping:
+                self._skipping = False
+            else:
+                out.append(bytes(self._buf))
+            self._buf.clear()
+            if data[j:j + 1] == b"\r":
+                if j + 1 < n and data[j + 1:j + 2] == b"\n":
+                    j += 1
+                elif j + 1 == n:
+                    self._pending_cr = True
+            i = j + 1
+        return out
+
+    def _append(self, piece: bytes, out: list[bytes]) -> None:
+        if self._skipping or not piece:
+            return
+        room = self.max_line - len(self._buf)
+        if len(piece) <= room:
+            self._buf += piece
+            return
+        self._buf += piece[:room]
+        out.append(bytes(self._buf))
+        self._buf.clear()
+        self._skipping = True
+
+    def close(self) -> list[bytes]:
+        """The unterminated last line, if any."""
+        rest = [] if self._skipping or not self._buf else [bytes(self._buf)]
+        self._buf.clear()
+        self._skipping = False
+        return rest
+
+
+# --------------------------------------------------------------------------- records
+class Level(enum.IntEnum):
+    """The level of a record: vLLM's log header's, or RAW for text without one (tracebacks, stderr)."""
+
+    INFO = 0       # INFO and DEBUG: never a failure
+    WARN = 1
+    ERROR = 2      # ERROR and CRITICAL
+    RAW = 3
+
+
+LEVELS = {"DEBUG": Level.INFO, "INFO": Level.INFO, "WARNING": Level.WARN, "WARN": Level.WARN,
+          "ERROR": Level.ERROR, "CRITICAL": Level.ERROR}
+
+
+class Record(NamedTuple):
+    """One record as the rules read it: vLLM's message, its level, the TP rank and process tag."""
+
+    text: str
+    level: int = Level.RAW
+    rank: int | None = None
+    proc: str | None = None      # the process tag: EngineCore_DP0, Worker_TP1, VllmWorkerProcess, ...
+    pasted: bool = False         # cut out of a paste that lost its line breaks
+    joined: bool = False         # a line and what may be its continuation, joined while not yet known to be
+
+
+# --------------------------------------------------------------------------- vLLM's own prefixes
+# Real ESC sequences, caret-notation pastes (``^[[0;36m``) and pastes that lost the ESC byte.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m|\x1b")
+_ANSI_HINT = ("\x1b", "^[", "m(", "[0", "[1", "[3")
+_PROC = r"[A-Za-z_][\w:-]*(?: [\w=.:-]+)*"
+# Anything in front of the record: process and rank tags, glog headers, compose services, ISO stamps.
+_LEAD = re.compile(
+    r"(?:\((?P<proc>" + _PROC + r") pid=\d+(?:, ip=[^)]*)?\)"
+    r"|\[(?:rank|default)(?P<rank>\d+)\]:"
+    r"|\[(?P<glog>[IWEF])(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]"
+    r"|[A-Za-z0-9][\w.-]*\s+\|(?=\s|$)"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: std(?:out|err) [FP](?= ))?"
+    r")\s?"
+)
+_HEADER = re.compile(
+    r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\])\s?"
+    r"|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+"
+)
+# The common case, tried first: one optional process tag, then vLLM's log header or uvicorn's.
+_FAST = re.compile(
+    r"(?:\((?P<proc>" + _PROC + r") pid=\d+\) ?)?"
+    r"(?:(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
+)
+_FAST_ANY_CASE = re.compile(_FAST.pattern, re.I)
+_RANK = re.compile(r"(?:rank=|TP|rank)(\d+)", re.I)
+_RANK_OF: dict[str, int | None] = {}
+# Where to cut a log that was pasted with its line breaks lost.
+_SPLIT = re.compile(
+    r"(?<=\S)\s++(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
+    r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
+    r"|File \"|\[[IWEF](?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]|Killed$)"
+)
+_EOL = re.compile(r"[\r\n]+")
+_FAST_FIRST = frozenset("DIWEC(")
+#: An exception line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``, a bare ``KeyboardInterrupt``).
+EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
+# an exception line as it starts a record, in any case (a class name: a letter first, then more)
+_EXC_ANY_CASE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z][A-Za-z0-9]+(?:Error|Exception|Failure|Interrupt)(?::|$)", re.I)
+_FRAME_END = re.compile(r'File "[^"]*", line \d+,? in [\w<>.]+$', re.I)
+
+
+def _starts_record(text: str) -> bool:
+    """A line that begins a record: vLLM's header or process tag, a traceback's lines, an exception
+    line, a carrier's prefix (what a quoted or indented paste begins with)."""
+    body = text.lstrip(" \t")
+    return bool(_vllm_starts(body) or _FAST_ANY_CASE.match(body) or body.startswith(RECORD_STARTS)
+                or body.startswith(("[rank", '{"', "$ ", "vllm serve", "python -m vllm", "python3 -m vllm"))
+                or _EXC_ANY_CASE.match(body) or strip_carriers(body).carriers)
+
+
+def _ends_a_frame(raw: str) -> bool:
+    """A whole traceback frame or source line: an exception line after it is the traceback's end,
+    not the rest of a line cut at the terminal's width."""
+    return bool(_FRAME_END.search(raw)) or strip_header(raw)[0].startswith("    ")
+
+
+#: Lines that start a record of their own (never the continuation of a wrapped line).
+RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
+_RECORD_STARTS_LOW = tuple(s.lower() for s in RECORD_STARTS)
+_PROCESS_LINE = re.compile(r"Process [\w.-]+:\s*$", re.I)     # multiprocessing's "Process EngineCore_DP0:"
+
+
+def _begins_record(stripped: str, low: bool = False) -> bool:
+    """A traceback's own lines begin a record (never the rest of a line the terminal wrapped)."""
+    if (stripped.lower() if low else stripped).startswith(_RECORD_STARTS_LOW if low else RECORD_STARTS):
+        return not stripped[:8].lower().startswith("process ") or bool(_PROCESS_LINE.match(stripped))
+    return False
+
+
+def _rank_of(proc: str) -> int | None:
+    """TP rank from a process tag such as ``Worker_TP1`` or ``VllmWorker rank=1`` (cached)."""
+    if proc not in _RANK_OF:
+        if len(_RANK_OF) > 4096:
+            _RANK_OF.clear()
+        m = _RANK.search(proc)
+        _RANK_OF[proc] = int(m.group(1)) if m else None
+    return _RANK_OF[proc]
+
+
+def _headed(m: re.Match[str], seg: str) -> tuple[str, int, int | None, str | None]:
+    """The record of a line ``_FAST`` matched: one optional process tag, then vLLM's or uvicorn's header."""
+    proc = m.group("proc")
+    rank = _rank_of(proc) if proc else None
+    text = seg[m.end():]
+    if text[:1] == "(":   # 0.31+ puts the process tag inside the log format
+        m2 = _LEAD.match(text)
+        if m2 and m2.group("proc"):
+            proc = m2.group("proc")
+            rank = _rank_of(proc)
+            text = text[m2.end():]
+    return text, LEVELS[m.group("lvl") or m.group("ulvl")], rank, proc
+
+
+def strip_header(seg: str) -> tuple[str, int, int | None, str | None]:
+    """vLLM's own prefixes off one line: (message, level, TP rank or None, process tag or None)."""
+    m = _FAST.match(seg)   # the common case: one optional process tag, then a log header
+    if m:
+        return _headed(m, seg)
+    text = seg
+    rank = proc = None
+    level = Level.RAW
+    for _ in range(6):
+        c = text[:1]
+        if not (c == "(" or c == "[" or c.isdigit() or "|" in text[:64]):
+            break
+        m = _LEAD.match(text)
+        if not m or not m.group(0):
+            break
+        if m.group("rank"):
+            rank = int(m.group("rank"))
+        elif m.group("proc"):
+            proc = m.group("proc")
+            rank = _rank_of(proc)
+        elif m.group("glog"):
+            level = {"I": Level.INFO, "W": Level.WARN}.get(m.group("glog"), Level.ERROR)
+        text = text[m.end():]
+    c = text[:1]
+    if c in "DIWEC" or c.isdigit():
+        m = _HEADER.match(text)
+        if m:
+            lvl = m.group("lvl") or m.group("ulvl")
+            level = LEVELS.get(lvl, Level.ERROR) if lvl else Level.RAW
+            text = text[m.end():]
+            if text[:1] == "(":
+                m = _LEAD.match(text)
+                if m and m.group("proc"):
+                    proc = m.group("proc")
+                    rank = _rank_of(proc)
+                    text = text[m.end():]
+    return text, level, rank, proc
+
+
+_VLLM_TAG = re.compile(r"\(" + _PROC + r" pid=\d+\) ?")
+
+
+def _vllm_starts(text: str) -> bool:
+    """Does ``text`` start with vLLM's own header or process tag (so no carrier prefix is left)?"""
+    return bool(_FAST.match(text)) or (text[:1] == "(" and bool(_VLLM_TAG.match(text)))
+
+
+# --------------------------------------------------------------------------- carriers
+class Carrier(NamedTuple):
+    """A program that ships vLLM's lines and puts its own prefix on each: one documented line each."""
+
+    name: str
+    what: str
+    example: str        # one line as that carrier prints it, around the message "MSG"
+
+
+#: The carriers whose prefixes are taken off, with a line of each (the tests render every one).
+CARRIERS: tuple[Carrier, ...] = (
+    # journalctl's short, short-precise, short-full, short-iso[-precise], short-monotonic, short-unix
+    Carrier("journald", "journalctl", "Aug 19 18:30:11 gpu-host vllm-guard[8707]: MSG"),
+    Carrier("syslog", "a syslog file or moreutils' ts", "Aug 19 18:30:11 MSG"),
+    Carrier("docker", "docker/kubectl logs --timestamps", "2024-08-19T18:30:11.123456789Z MSG"),
+    Carrier("compose", "docker compose", "vllm-1  | MSG"),
+    Carrier("cri", "a Kubernetes container log file", "2024-08-19T18:30:11.123456789Z stderr F MSG"),
+    Carrier("kubectl", "kubectl logs --prefix", "[pod/vllm-0/vllm] MSG"),
+    # "(pid=N, ip=A)", "(Name pid=N, ip=A)", and " [repeated Nx across cluster]" after a folded line
+    Carrier("ray", "Ray's worker and actor output", "(RayWorkerWrapper pid=1234, ip=10.0.0.2) MSG"),
+    Carrier("tag", "a wrapper's tag", "[vllm]: MSG"),
+    # a time stamp, then the console's own host and level (GKE / Cloud Logging, CloudWatch, container clouds)
+    Carrier("console", "a cloud console or log viewer", "2024-08-19 18:30:11.123 UTC\tERROR\tMSG"),
+    # docker's json-file driver, journalctl -o json, Cloud Logging's LogEntry, fluent-bit
+    Carrier("json", "JSON log lines", '{"log":"MSG\\n","stream":"stderr","time":"2024-08-19T18:30:11.123456789Z"}'),
+    Carrier("priority", "syslog priorities", "<6>MSG"),
+)
+
+_MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
+                                       "dec"), 1)}
+_ZONE = r"(?:Z|[+-]\d\d:?\d\d)"
+_IDENT = r"[^\s\[\]:]+(?:\[\d+\])?:"       # a syslog identifier and pid: "vllm-guard[8707]:", "kernel:"
+_LVL_WORD = (r"(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|WARN|ERROR|CRITICAL|ALERT|EMERGENCY|FATAL|TRACE|stdout|stderr"
+             r"|debug|info|notice|warning|warn|error|critical|fatal)")
+_STAMPED = re.compile(
+    # journald's short-iso / short-iso-precise (before a host and identifier), CRI, docker -t
+    r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+    r"(?:" + _ZONE + r"|(?-i: ?(?:UTC|GMT|[A-Z][A-Z]?[SD]?T)))?)"
+    r"(?:(?P<cri> (?P<stream>stdout|stderr) (?P<tag>[FP])(?: |$))"
+    r"|(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))"
+    r"|(?P<sep>\t+|\s*\|\s*| |$))", re.I   # (a paste retyped in lower case: "t", "z")
+)
+_SYSLOG = re.compile(
+    # journald's short / short-precise (month day time host ident:), short-full (weekday date time zone ...),
+    # and a bare syslog/ts stamp
+    r"(?P<ts>(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? [A-Z]{2,5})"
+    r"|" + _MON + r" [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,6})?)"
+    r"(?:(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))| |$)", re.I
+)
+_MONO = re.compile(r"\[ *(?P<ts>\d+\.\d{6})(?: <[ \d.]+>)?\] [\w.-]+ " + _IDENT + r"(?: |$)", re.I)   # short-monotonic
+_UNIX = re.compile(r"(?P<ts>\d{9,11}\.\d{6}) [\w.-]+ " + _IDENT + r"(?: |$)", re.I)                  # short-unix
+_KUBECTL = re.compile(r"\[pod/[^/\]\s]+/[^\]\s]+\] ?")
+_TAG = re.compile(r"\[(?!rank\d|default\d)[A-Za-z][\w.-]*\]: ?")
+_RAY = re.compile(r"\((?:pid=\d+(?:, ip=[^)]*)?|raylet(?:, ip=[^)]*)?|autoscaler[^)]*|gcs_server[^)]*"
+                  r"|[\w:.-]+(?: [\w=.:-]+)*? pid=\d+, ip=[^)]*|[\w.-]*:[\w:.-]+ pid=\d+)\) ?")
+_RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
+_COMPOSE = re.compile(r"(?P<svc>[A-Za-z0-9][\w.-]*) +\|(?: |$)")
+_PRIORITY = re.compile(r"<[0-7]>")
+# After a console's time stamp: a host and a level, or a level, of the console's own (not vLLM's).
+_CONSOLE_REST = re.compile(r"(?:(?P<host>[\w.-]+)(?:\t+|\s*\|\s*| ))?(?P<lvl>" + _LVL_WORD
+                           + r")(?:\t+|\s*\|\s*| )(?!\d\d-\d\d )")
+_JSON_KEYS = ("log", "MESSAGE", "textPayload", "message", "msg")
+_JSON_TIME = ("time", "timestamp", "__REALTIME_TIMESTAMP", "@timestamp", "ts")
+# The guard's own records (structlog's JSON and console renderings) and its kept-output markers.
+_GUARD_CONSOLE = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z? \[(?:debug|info|warning|error|critical) *\] ")
+_JOURNAL_NOTES = ("-- Boot ", "-- Logs begin at", "-- No entries --", "-- Journal begins at", "-- Reboot --")
+
+
+def _ts_key(ts: str) -> tuple[int, ...]:
+    """A time stamp as a sortable tuple (year, month, day, hh, mm, ss, nanoseconds); one format per log."""
+    nums = re.findall(r"\d+", ts)
+    low = ts[:3].lower()
+    if len(nums) == 2 and re.fullmatch(r"\d+\.\d+", ts):            # seconds since an epoch or boot
+        return (int(nums[0]), int(nums[1].ljust(9, "0")[:9]))
+    if len(nums) == 1:                                                  # journald's JSON: microseconds
+        return (int(nums[0]),)
+    out: list[int] = []
+    if low in _MONTHS:
+        out.append(_MONTHS[low])
+    m = re.search(r"[.,](\d{1,9})", ts)
+    frac = int(m.group(1).ljust(9, "0")) if m else 0
+    for n in nums[:6] if not m else [x for x in nums if x != m.group(1)][:6]:
+        out.append(int(n))
+    out.append(frac)
+    return tuple(out)
+
+
+class _Peeled(NamedTuple):
+    text: str
+    carriers: tuple[str, ...]
+    ts: str | None
+    stream: str | None
+    partial: bool
+
+
+def strip_carriers(line: str) -> _Peeled:
+    """The carriers' prefixes off one line: the rest, the carriers found, the time stamp, the stream
+    and whether the carrier marked the line as partial (CRI ``P``, a JSON ``log`` without its newline)."""
+    text = line
+    found: list[str] = []
+    ts = stream = None
+    partial = False
+    for _ in range(5):
+        c = text[:1]
+        if not c or (c in "DIWEC(" and _vllm_starts(text)):
+            break
+        m = None
+        name = ""
+        if c.isdigit():
+            m = _STAMPED.match(text)
+            if m:
+                ts = ts or m.group("ts")
+                if m.group("cri"):
+                    name, stream, partial = "cri", m.group("stream"), m.group("tag") == "P"
+                elif m.group("jd"):
+                    name = "journald"
+                else:
+                    name = "docker" if "T" in m.group("ts") and m.group("sep") == " " else "console"
+                    rest = text[m.end():]
+                    if not _vllm_starts(rest):
+                        m2 = _CONSOLE_REST.match(rest)
+                        if m2 and (m2.group("host") is None or not m2.group("host").isdigit()):
+                            name = "console"
+                            text = rest[m2.end():]
+                            found.append(name)
+                            continue
+            else:
+                m = _UNIX.match(text)
+                name = "journald"
+                if m:
+                    ts = ts or m.group("ts")
+        elif c in "JFMASONDjfmasondTWStws" and text[3:4] == " ":
+            m = _SYSLOG.match(text)
+            if m:
+                ts = ts or m.group("ts")
+                name = "journald" if m.group("jd") else "syslog"
+        elif c == "[":
+            for rx, nm in ((_KUBECTL, "kubectl"), (_MONO, "journald"), (_TAG, "tag")):
+                m = rx.match(text)
+                if m:
+                    name = nm
+                    ts = ts or m.groupdict().get("ts")
+                    break
+        elif c == "(":
+            m = _RAY.match(text)
+            name = "ray"
+        elif c == "{" and text.rstrip().endswith("}"):
+            got = _json_message(text)
+            if got is None:
+                break
+            text, jts, jstream, partial = got
+            ts, stream = ts or jts, stream or jstream
+            found.append("json")
+            continue
+        elif c == "<":
+            m = _PRIORITY.match(text)
+            name = "priority"
+        elif "|" in text[:64]:
+            m = _COMPOSE.match(text)
+            name = "compose"
+        if not m or not m.group(0):
+            break
+        found.append(name)
+        text = text[m.end():]
+    if found and "ray" in found and text.endswith("across cluster]"):
+        text = _RAY_REPEATED.sub("", text)
+    return _Peeled(text, tuple(found), ts, stream, partial)
+
+
+# The level word of a line as Python's logging printed it: one of its five names, a whole word (never WARN
+# or FATAL), behind at most vLLM's process tag ("(APIServer pid=7) INFO 11-29 ...", uvicorn's "INFO:  ...").
+_LEVEL_WORD = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):?(?: |$)")
+
+
+def level_word(line: bytes) -> bytes | None:
+    """The logging level a line of vLLM's printed (``b"INFO"``, ...), or None for a line without one (a
+    traceback's, a progress bar). Read behind the prefixes of a carrier too (:func:`strip_carriers`: a
+    vLLM launched through a wrapper that stamps or tags its lines), so the journal's priority of a line
+    is decided by the same reading as the classifier's. Bytes, for the output path: the common line
+    is one regex match, the carriers are looked for only where none matched."""
+    m = _LEVEL_WORD.match(line)
+    if m is not None:
+        return m.group(1)
+    c = line[:1]
+    if not c or c in b" \t" or line.startswith(b"Traceback"):    # a traceback's: never behind a carrier here
+        return None
+    peeled = strip_carriers(line.decode("utf-8", "replace"))
+    if not peeled.carriers:
+        return None
+    m = _LEVEL_WORD.match(peeled.text.encode("utf-8", "replace"))
+    return m.group(1) if m is not None else None
+
+
+def _json_message(text: str) -> tuple[str, str | None, str | None, bool] | None:
+    """(message, time, stream, partial) of a JSON log line; None for other JSON (the guard's own records)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    for key in _JSON_KEYS:
+        value = obj.get(key)
+        if isinstance(value, str):
+            break
+        if key == "MESSAGE" and isinstance(value, list) and all(isinstance(b, int) for b in value):
+            value = bytes(b & 0xFF for b in value).decode("utf-8", "replace")   # journald's binary-safe form
+            break
+    else:
+        return None
+    if "event" in obj and "level" in obj and key not in ("log", "MESSAGE", "textPayload"):
+        return None
+    ts = next((str(obj[k]) for k in _JSON_TIME if k in obj), None)
+    stream = obj.get("stream") if isinstance(obj.get("stream"), str) else None
+    partial = key == "log" and not value.endswith("\n")
+    return value.rstrip("\r\n"), ts, stream, partial
+
+
+def guard_own(line: str) -> bool:
+    """A line the guard itself wrote (its log records, the launch markers of its kept output)."""
+    c = line[:1]
+    if c == "{":
+        if '"event"' in line and '"level"' in line:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                return False
+            return isinstance(obj, dict) and "event" in obj and "level" in obj and "log" not in obj \
+                and "MESSAGE" not in obj
+        return False
+    if c == "=":
+        return line.startswith("=== vllm-guard: ")
+    if c == "-":
+        return line.startswith(_JOURNAL_NOTES)
+    return c.isdigit() and bool(_GUARD_CONSOLE.match(line))
+
+
+def normalize(line: str | bytes) -> str:
+    """The message of one log line: ANSI colour, ``\\r``, carriers' and vLLM's prefixes removed."""
+    if isinstance(line, (bytes, bytearray)):
+        line = bytes(line).decode("utf-8", "replace")
+    line = line.replace("\x00", "").replace("\r", "").replace("\n", " ")
+    if any(h in line for h in _ANSI_HINT):
+        line = _ANSI.sub("", line)
+    if line[:1] == ">":
+        line = _QUOTE.sub("", line)
+    return strip_header(strip_carriers(line).text)[0].strip()
+
+
+# --------------------------------------------------------------------------- lower case
+class Recaser:
+    """Gives a line typed in lower case back the case of the phrases vLLM prints (its rules' texts).
+
+    Only lines with no capital letter at all are touched (:func:`folded`), and only the known
+    phrases in them, so the rules, written in vLLM's case, match them as they are: :meth:`level`
+    for vLLM's log level at the start of a line (before the line's prefixes are read), :meth:`phrases`
+    for the message (once a wrapped record is whole)."""
+
+    _LEVEL = re.compile(r"^(?:\((?:[\w:-]+(?: [\w=.:-]+)*) pid=\d+\) ?)?(debug|info|warning|error|critical)"
+                        r"(?= \d\d-\d\d \d\d:|: {2,}\S)")
+    _EXC = re.compile(r"\b([a-z][a-z0-9_.]+?)(error|exception|interrupt)(?=:)")
+    _UNITS = re.compile(r"(?<=\d)( ?)(gib|mib|kib|gb|mb)\b")
+    _UNIT_CASE = {"gib": "GiB", "mib": "MiB", "kib": "KiB", "gb": "GB", "mb": "MB"}
+
+    def __init__(self, phrases: Iterable[str]) -> None:
+        by_word: dict[str, list[tuple[str, str]]] = {}
+        for p in set(phrases):
+            if len(p) < 3:
+                continue
+            low = p.lower()     # a phrase vLLM prints in lower case is kept as it is
+            first = re.search(r"[a-z0-9_]+", low)
+            by_word.setdefault(first.group(0) if first else low[:1], []).append((low, p))
+        self._by_word = by_word
+
+    _GLOG = re.compile(r"^((?:\[rank\d+\]:)?\[)([iwef])(?=(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\])")
+
+    def level(self, text: str) -> str:
+        """vLLM's (or uvicorn's, or a glog header's) log level at the start of a folded line, in capitals."""
+        c = text[:1]
+        if c == "[":
+            return self._GLOG.sub(lambda m: m.group(1) + m.group(2).upper(), text, count=1)
+        return self._LEVEL.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + m.group(1).upper(), text, count=1)
+
+    def phrases(self, text: str) -> str:
+        """The known phrases of a folded message in vLLM's case."""
+        stripped = text.lstrip()
+        if text[:4] == "    " and not stripped.startswith("raise"):
+            return text          # traceback source lines: only a `raise` line names a failure
+        out = text
+        found: list[tuple[str, str]] = []
+        for word in set(re.findall(r"[a-z0-9_]+", out)):
+            found.extend(self._by_word.get(word, ()))
+        if found:
+            # the longest phrase wins where phrases overlap ("on kv cache allocation ..." stays lower case)
+            found.sort(key=lambda lc: -len(lc[0]))
+            taken: list[tuple[int, int, str]] = []
+            for low, cased in found:
+                i = out.find(low)
+                while i >= 0:
+                    j = i + len(low)
+                    if not any(a < j and i < b for a, b, _ in taken):
+                        taken.append((i, j, cased))
+                    i = out.find(low, j)
+            pieces, at = [], 0
+            for i, j, cased in sorted(taken):
+                pieces.append(out[at:i])
+                pieces.append(cased)
+                at = j
+            out = "".join(pieces) + out[at:]
+        if "file \"" in out:
+            out = out.replace("file \"", "File \"")
+        out = self._EXC.sub(lambda m: m.group(1) + m.group(2).capitalize(), out)
+        return self._UNITS.sub(lambda m: m.group(1) + self._UNIT_CASE[m.group(2)], out)
+
+
+_UPPER = re.compile(r"[A-Z]")
+_VLLM_TIME = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) ", re.I)
+
+
+def folded(text: str) -> bool:
+    """No capital letter in it: maybe retyped in lower case."""
+    return _UPPER.search(text) is None
+
+
+# --------------------------------------------------------------------------- the stage
+_QUOTE = re.compile(r"^(?:>[ \t]?)+")
+_WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
+_JOIN_CAP = 8000                 # a re-assembled wrapped record never grows past this
+_HOLD = 64                       # entries held while the order of a time-stamped log is not yet known
+_HOLD_MAX = 200_000              # entries kept of a newest-first paste (the newest; older ones are dropped)
+_PARTIAL_CAP = 1 << 20           # a CRI partial line joined up to this many characters
+
+
+class Normalizer:
+    """The one normalisation of vLLM's text, line by line: :meth:`feed` a line (str or bytes), get the
+    records the rules read, in the order they read them; :meth:`flush` at the end.
+
+    A line that may be the head of a wrapped record comes out at once and again joined with what
+    continues it, until the log is known to be wrapped (several lines at the same widest width, none
+    wider); from then on a wrapped record comes out once, whole. Lines of a time-stamped carrier are
+    held until their order is known (at most :data:`_HOLD` entries); a newest-first paste comes out
+    at :meth:`flush`, oldest first.
+    """
+
+    def __init__(self, vocabulary: Iterable[str] = ()) -> None:
+        self.carriers: Counter[str] = Counter()    # the carriers recognised, by lines
+        self.guard_lines = 0                        # the guard's own lines dropped
+        self.newest_first = False                   # the entries came newest first and were re-ordered
+        self.dropped = 0                            # old entries of an over-long newest-first paste dropped
+        self._recase = Recaser(vocabulary)
+        self._block_lead = 0                        # the indentation of the block of lines being read
+        self._new_block = True                      # the next non-blank line starts a block
+        self._quote_depth = 0                       # the depth of a markdown quote the paste is in
+        self._quote = ""                            # ... and its markers, as its first line wrote them
+        self._all_quoted = True                     # every line so far began with ">"
+        self._json_buf = ""                         # a JSON log line being put back together
+        self._partial: dict[str | None, str] = {}
+        # order of a time-stamped log: None unknown, "in" oldest first, "newest" newest first
+        self._order: str | None = None
+        self._held: list[list[tuple[str, int, str | None]]] = []   # entries: their (text, width, carried) lines
+        self._last_ts: tuple[int, ...] | None = None
+        self._desc = 0
+        # wrapped lines
+        # a record that may go on in the next line: (its text so far, its head's message, read already,
+        # folded, the line as its carrier printed it)
+        self._pending: tuple[str, str, bool, bool, str | None] | None = None
+        self._prev_width = 0
+        self._max_width = 0
+        self._at_max = 0
+        self._at_max_text = ""
+        self._hard_seen = 0                         # lines that went on after one as wide as the widest
+        self._soft_seen = 0                         # ... after one a word short of it
+        self._long_seen = False
+        self._out: list[Record] = []
+        self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
+
+    # ------------------------------------------------------------------ public
+    @property
+    def carrier(self) -> str | None:
+        """The carrier most of the log's lines came through, or None (vLLM's own output)."""
+        return self.carriers.most_common(1)[0][0] if self.carriers else None
+
+    @property
+    def wrap_width(self) -> int | None:
+        """The width the log was hard-wrapped at, once known."""
+        return self._max_width if self._confirmed() else None
+
+    def feed(self, line: str | bytes) -> list[Record]:
+        if type(line) is bytes:
+            line = line.decode("utf-8", "replace")
+        elif isinstance(line, (bytes, bytearray)):
+            line = bytes(line).decode("utf-8", "replace")
+        elif not isinstance(line, str):
+            line = str(line)
+        if line[-1:] == "\n":
+            line = line.rstrip("\r\n")
+        if (self._plain and line[:1] in _FAST_FIRST and len(line) <= 400 and "\x1b" not in line
+                and "\r" not in line and "\n" not in line and "\x00" not in line):
+            # the common case, a live vLLM's own line: its header read once, nothing to undo or hold (a
+            # line starting with vLLM's header carries no ANSI remnants: those come before the header)
+            m = _FAST.match(line)
+            if m:
+                self._new_block = self._all_quoted = False
+                return [Record(*_headed(m, line))]
+        if "\x00" in line:
+            line = line.replace("\x00", "")
+        out: list[Record] = []
+        self._out = out
+        if "\r" in line or "\n" in line:
+            for seg in _EOL.split(line):
+                if seg:
+                    self._physical(seg)
+        elif line:
+            self._physical(line)
+        else:
+            self._new_block = True        # a blank line: an indented block may start after it
+        self._plain = (self._long_seen and self._pending is None and not self._held and self._order != "newest"
+                       and not self._partial and not self._json_buf and not self._block_lead
+                       and not self._quote_depth)
+        return out
+
+    def flush(self) -> list[Record]:
+        """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
+        out: list[Record] = []
+        self._out = out
+        if self._json_buf:
+            rest, self._json_buf = self._json_buf, ""
+            self._ordered(rest, len(rest), None, None)
+        for stream in list(self._partial):
+            rest = self._partial.pop(stream)
+            self._carried(rest, _WRAP_MAX + 1, rest)
+        if self._held:
+            if self._order is None:
+                self._decide()
+            held, self._held = self._held, []
+            for entry in (reversed(held) if self._order == "newest" else held):
+                for text, width, carried in entry:
+                    self._carried(text, width, carried)
+        self._flush_pending()
+        return out
+
+    # ------------------------------------------------------------------ stage A: one physical line
+    def _physical(self, seg: str) -> None:
+        if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
+            seg = _ANSI.sub("", seg)
+        c = seg[:1]
+        if c == " " or c == "\t" or c == ">":
+            body = seg.lstrip(" \t")
+            if body[:1] == ">" and (self._quote_depth or self._all_quoted or body[1:2] == " "
+                                    or _starts_record(_QUOTE.sub("", body))):
+                seg = self._unquote(body)       # (in a list item, a quote's markers are indented)
+            elif self._all_quoted and body:
+                self._all_quoted = False
+        elif c:
+            self._all_quoted = False
+            if self._quote_depth and _starts_record(seg):
+                self._quote_depth, self._quote = 0, ""      # the quote ended
+        seg = self._dedent(seg)
+        width = len(seg)
+        c = seg[:1]
+        if self._json_buf or (c == "{" and seg[:2] == '{"' and not seg.rstrip().endswith("}")):
+            # a JSON log line the terminal wrapped: its pieces until the object closes
+            self._json_buf += seg
+            if not self._json_buf.rstrip().endswith("}") and len(self._json_buf) < _PARTIAL_CAP:
+                return
+            seg, self._json_buf = self._json_buf, ""
+            c = "{"
+        if not c or (c in "DIWEC(" and _FAST.match(seg)):     # the fast path: vLLM's own line
+            self._ordered(seg, width, None, None)
+            return
+        if guard_own(seg):
+            self.guard_lines += 1
+            return
+        p = strip_carriers(seg)
+        if not p.carriers:
+            if self._partial:          # the terminal's wrap of a partial line of a CRI file
+                stream = next(reversed(self._partial))
+                self._partial[stream] = (self._partial[stream] + seg)[:_PARTIAL_CAP]
+                return
+            self._ordered(seg, width, None, None)
+            return
+        text = p.text
+        if guard_own(text):
+            self.guard_lines += 1
+            return
+        self.carriers[p.carriers[0]] += 1
+        if p.partial or p.stream in self._partial:
+            before = self._partial.pop(p.stream, "")
+            if p.partial:
+                self._partial[p.stream] = (before + text)[:_PARTIAL_CAP]
+                return
+            self._ordered(before + text, width, "", p.ts)     # carried, but no longer one line of it
+            return
+        self._ordered(text, width, seg, p.ts)
+
+    def _unquote(self, seg: str) -> str:
+        """Take off a markdown quote's markers, as the quote's first record wrote them (``> `` or ``>``,
+        as deep as it was): a ``>`` further on, or a space after a bare ``>``, is the text's."""
+        if not self._quote:
+            m = _QUOTE.match(seg)
+            self._quote = m.group(0) if m else ">"
+            self._quote_depth = self._quote.count(">")
+        q = self._quote
+        if seg.startswith(q):
+            return seg[len(q):]
+        bare = q.rstrip(" \t")
+        return seg[len(bare):] if seg.startswith(bare) else _QUOTE.sub("", seg, count=1)
+
+    def _dedent(self, seg: str) -> str:
+        """Take off the indentation of an indented block (a markdown code block, a list item's paste):
+        a block starts the paste or follows a blank line or a code fence, and its first line's
+        indentation is the block's (a traceback's own indentation, deeper, stays)."""
+        c = seg[:1]
+        if c != " " and c != "\t":
+            if self._new_block:
+                self._block_lead, self._new_block = 0, False
+            if c == "`" or c == "~":
+                self._new_block = self._new_block or seg.startswith(("```", "~~~"))
+            elif not c:
+                self._new_block = True
+            return seg
+        body = seg.lstrip(" \t")
+        if not body:
+            self._new_block = True
+            return ""
+        lead = len(seg) - len(body)
+        if self._new_block:
+            self._block_lead, self._new_block = lead, False
+        if body.startswith(("```", "~~~")):
+            self._new_block = True
+        return seg[min(lead, self._block_lead):]
+
+    # ------------------------------------------------------------------ stage B: order
+    def _ordered(self, text: str, width: int, carried: str | None, ts: str | None) -> None:
+        """``carried``: the whole line as the carrier printed it ("" when put together from several,
+        None when the line had no carrier)."""
+        order = self._order
+        if order == "in" or (order is None and ts is None and not self._held):
+            self._carried(text, width, carried)
+            return
+        if ts is None:                              # a line of the entry above (or before any stamp)
+            if self._held:
+                self._held[-1].append((text, width, carried))
+                self._check_hold()
+            else:
+                self._carried(text, width, carried)
+            return
+        key = _ts_key(ts)
+        if order is None and self._last_ts is not None:
+            if key > self._last_ts:
+                self._order = "in"
+                self._release()
+                self._carried(text, width, carried)
+                return
+            if key < self._last_ts:
+                self._desc += 1
+                if self._desc >= 2:
+                    self._order = "newest"
+                    self.newest_first = True
+        self._last_ts = key
+        if len(self._held) >= _HOLD_MAX:
+            self.dropped += 1
+            return
+        self._held.append([(text, width, carried)])
+        self._check_hold()
+
+    def _check_hold(self) -> None:
+        if self._order is None and (len(self._held) > _HOLD or sum(map(len, self._held)) > 4 * _HOLD):
+            self._decide()
+            if self._order == "in":
+                self._release()
+
+    def _decide(self) -> None:
+        """The order of held entries whose stamps never went forward: back in time once is enough;
+        equal stamps (a console's whole seconds) leave it to the text: a traceback lists its frames
+        after "Traceback (most recent call last):", and vLLM's banner comes first."""
+        if self._desc:
+            self._order, self.newest_first = "newest", True
+            return
+        lines = ["".join(text for text, _, _ in entry).lower() for entry in self._held]   # an entry: wrap pieces too
+        natural = backwards = 0
+        stamps = [m.group(1) for m in map(_VLLM_TIME.search, lines) if m]   # vLLM's own header times
+        for a, b in zip(stamps, stamps[1:], strict=False):
+            natural += b > a
+            backwards += b < a
+        for i, text in enumerate(lines):
+            pair = text + (lines[i + 1] if i + 1 < len(lines) else "")    # a line the terminal wrapped
+            if "traceback (most recent call last)" in pair and "traceback (most recent call last)" not in text[-40:]:
+                after = any('file "' in ln for ln in lines[i + 1:i + 4])
+                before = any('file "' in ln for ln in lines[max(0, i - 3):i])
+                natural += after and not before
+                backwards += before and not after
+            elif "server version" in pair and ("vllm api server version" in pair or "vllm server version" in pair):
+                if i < len(lines) // 2:
+                    natural += 1
+                else:
+                    backwards += 1
+        if backwards > natural:
+            self._order, self.newest_first = "newest", True
+        else:
+            self._order = "in"
+
+    def _release(self) -> None:
+        held, self._held = self._held, []
+        for entry in held:
+            for text, width, carried in entry:
+                self._carried(text, width, carried)
+
+    # ------------------------------------------------------------------ stage C: records, wrapped lines
+    def _carried(self, text: str, width: int, carried: str | None) -> None:
+        low = folded(text)
+        if len(text) > 400 and _SPLIT.search(text, 1):
+            pieces = self._pasted(text)
+            if len(pieces) > 1:
+                self._flush_pending()
+                self._note_width(_WRAP_MAX + 1, "")
+                for piece in pieces:
+                    t, level, rank, proc = strip_header(piece)
+                    self._out.append(Record(self._recase.phrases(t) if low else t, level, rank, proc, True))
+                return
+        self._wrap(text, width, carried, low)
+
+    def _record(self, raw: str, low: bool = False) -> Record:
+        """The record of a (whole) line; typed in lower case, vLLM's case given back to it."""
+        if not folded(raw) or not raw:
+            return Record(*strip_header(raw))
+        text, level, rank, proc = strip_header(self._recase.level(raw))
+        return Record(self._recase.phrases(text), level, rank, proc)
+
+    @staticmethod
+    def _pasted(seg: str) -> list[str]:
+        """A log pasted with its line breaks lost, cut back into records (each process tag or log
+        header kept with the message that follows it)."""
+        pieces: list[str] = []
+        carry = ""
+        for piece in _SPLIT.split(seg):
+            if not piece:
+                continue
+            if len(carry) < 256 and not strip_header(carry + piece)[0].strip():
+                carry += piece + " "
+                continue
+            pieces.append(carry + piece)
+            carry = ""
+        if carry:
+            pieces.append(carry)
+        return pieces
+
+    def _note_width(self, width: int, text: str) -> None:
+        if width > _WRAP_MAX:
+            self._long_seen = True
+            return
+        if width > self._max_width:
+            self._max_width, self._at_max, self._at_max_text = width, 1, text
+        elif width == self._max_width and text != self._at_max_text:
+            self._at_max += 1
+            self._at_max_text = text
+
+    def _mode(self) -> str | None:
+        """How the log is known to be wrapped: ``hard`` (a terminal: cut mid-word at one width, every
+        piece but a record's last that wide), ``soft`` (an editor: at words, a line ending before the
+        width when the next word would not fit), None while not known (or not wrapped: a line wider
+        than any wrap was seen)."""
+        if self._long_seen or self._max_width < _WRAP_MIN:
+            return None
+        if self._at_max >= 2 and self._hard_seen >= 2 * self._soft_seen:
+            return "hard"
+        # a line exactly as wide as the widest goes on in an editor's wrap too (it filled the line),
+        # but a terminal never leaves one short that goes on: as many short as full ones is an editor's
+        if self._soft_seen >= 3 and self._soft_seen >= self._hard_seen:
+            return "soft"
+        return None
+
+    def _confirmed(self) -> bool:
+        """The log is known to be wrapped."""
+        return self._mode() is not None
+
+    def _wrap(self, raw: str, width: int, carried: str | None, low: bool) -> None:
+        """Re-join hard-wrapped lines: a line with no header, process tag or carrier of its own, after
+        a line as wide as the log's widest (mid-word) or nearly (at a word), continues it. The joined
+        text is read as one line (its log header, cut by the wrap, is whole again)."""
+        text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
+        self._note_width(width, text)
+        maybe = not self._long_seen
+        mode = self._mode()
+        confirmed = mode is not None
+        w = self._max_width
+        out = self._out
+        if self._pending is not None:
+            praw, ptext, done, plow, pline = self._pending
+            pw = self._prev_width
+            stripped = text.lstrip()
+            goes_on = (maybe and level == Level.RAW and proc is None and rank is None and carried is None
+                       and not _begins_record(stripped, low))
+            first = len(stripped.split(" ", 1)[0])
+            if goes_on and pw == w >= _WRAP_MIN:
+                self._hard_seen += 1
+            elif goes_on and 60 <= pw >= w - 20 and pw + 1 + first > w and raw[:1] not in (" ", "\t"):
+                self._soft_seen += 1        # the next word would not have fit: an editor broke there
+            mode = self._mode()
+            confirmed = mode is not None
+            # cut at the width mid-word (a terminal), or at a word near it (an editor: the space dropped)
+            exact = pw == w and pw >= _WRAP_MIN and mode != "soft"
+            soft = (not exact and mode != "hard" and 60 <= pw >= w - 20 and raw[:1] not in (" ", "\t"))
+            if (goes_on and (exact or soft)
+                    and not (_EXC_ANY_CASE.match(text) and _ends_a_frame(praw))   # the exception under a traceback
+                    and (exact or not ptext.startswith("    "))):
+                if pline:                 # the carrier's prefix itself may be what the wrap cut
+                    pline = (pline + raw if exact else pline.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
+                    joined = strip_carriers(pline).text
+                else:
+                    joined = (praw + raw if exact else praw.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
+                self._pending = (joined, ptext, done and not confirmed, plow and low, pline)
+                # maybe a continuation, maybe a record of its own: read it both ways until the log
+                # is known to be wrapped
+                if not confirmed:
+                    out.append(self._record(raw, low))
+                    out.append(self._record(joined, plow and low)._replace(joined=True))
+                self._prev_width = width
+                return
+            self._flush_pending()
+        if maybe and width >= _WRAP_MIN and (width == w or 60 <= width >= w - 20):
+            self._pending = (raw, text, not confirmed, low, carried)
+            if not confirmed:
+                out.append(self._record(raw, low))
+        else:
+            out.append(self._record(raw))
+        self._prev_width = width
+
+    def _flush_pending(self) -> None:
+        if self._pending is not None:
+            raw, _, done, low, _ = self._pending
+            self._pending = None
+            if not done:
+                self._out.append(self._record(raw, low))

@@ -1,0 +1,332 @@
+"""Metamorphic: a log keeps its verdict however it reached the guard or was pasted.
+
+Every failure row's log of the catalogue (``tests/fakes/vllm_logs.py``, built from
+``tests/fixtures/catalogue/*.tsv``) and every saved log of ``tests/fixtures/logs`` goes through the
+ways people ship and paste logs, each a hypothesis strategy (:data:`TRANSFORMS`): the prefixes of the
+carriers (journald's output modes, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray,
+cloud consoles and JSON log lines, rendered from those tools' documented formats, below, not from the
+guard's code), a terminal's hard wrap at 60 to 160 columns, markdown quotes, indentation, lower case,
+a paste that starts late or stops early, a console that lists newest first, and compositions of them.
+A failure keeps its kind and its numbers; a healthy log stays healthy (or ``incomplete``, when the cut
+took its serving lines). A new way to paste is one strategy here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from supervisor.core.classifier import classify
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+import vllm_logs as cat  # noqa: E402
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+NOT_FAILURES = {"healthy", "incomplete", "no_vllm_output"}
+CASES = cat.all_cases()
+FAILURES = [c for c in CASES if c.kind not in NOT_FAILURES]
+HEALTHY = [c for c in CASES if c.kind == "healthy"]
+# colour as a terminal shows it (not at all), and the remnants of pastes that lost the ESC byte
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m")
+
+
+def _fixtures() -> list[cat.Case]:
+    """The saved logs of tests/fixtures/logs as cases (their expected.json is the verdict)."""
+    expected = json.loads((LOGS / "expected.json").read_text())
+    for sub in sorted(p for p in LOGS.iterdir() if p.is_dir() and (p / "expected.json").is_file()):
+        expected.update({f"{sub.name}/{k}": v for k, v in json.loads((sub / "expected.json").read_text()).items()})
+    out = []
+    for rel, want in sorted(expected.items()):
+        text = (LOGS / rel).read_bytes().decode("utf-8", "replace")
+        lines = [_ANSI.sub("", ln) for ln in re.split(r"\r\n|\r|\n", text)]
+        while lines and not lines[-1]:
+            lines.pop()
+        if want["kind"] in ("no_vllm_output",) or not lines:
+            continue
+        out.append(cat.Case(rel, rel, "", lines, want.get("exit_code"), want["kind"], want.get("phase"), "",
+                            dict(want["numbers"]), 0))
+    return out
+
+
+FIXTURES = _fixtures()
+#: saved logs that are pastes already (wrapped by a terminal, or with their line breaks lost): a carrier
+#: ships whole lines, not a paste's pieces, and a terminal wraps lines, not a paste of them
+PRE_WRAPPED = {c.name for c in FIXTURES if any(w in c.name for w in ("wrap", "single-line", "indented", "quote"))
+               or c.name.startswith("carriers/")}       # (shipped already: a CRI file is not shipped in a CRI file)
+#: ... and pastes quoted or indented already (a quote of a quote is another paste)
+PRE_QUOTED = {c.name for c in FIXTURES if any(w in c.name for w in ("indented", "quote"))}
+FIXTURE_FAILURES = [c for c in FIXTURES if c.kind not in NOT_FAILURES]
+FIXTURE_HEALTHY = [c for c in FIXTURES if c.kind == "healthy"]
+
+
+# --------------------------------------------------------------------------- how each carrier prints a line
+T0 = dt.datetime(2024, 8, 19, 18, 30, 11, 123456)
+
+
+def _t(i: int) -> dt.datetime:
+    return T0 + dt.timedelta(milliseconds=37 * i)
+
+
+def _rfc3339nano(i: int) -> str:       # docker's and the kubelet's: UTC, nanoseconds
+    return _t(i).strftime("%Y-%m-%dT%H:%M:%S.%f") + f"{i % 1000:03d}Z"
+
+
+#: (name, render(message, line index)) -- the formats as each program documents them
+CARRIER_LINES: dict[str, Callable[[str, int], str]] = {
+    # journalctl(1), --output=: short (the default), short-precise, short-iso, short-iso-precise,
+    # short-full, short-monotonic, short-unix; `journalctl -u vllm-guard` shows the unit's processes
+    "journald-short": lambda m, i: f"{_t(i):%b %d %H:%M:%S} gpu-host vllm-guard[8707]: {m}",
+    "journald-short-precise": lambda m, i: f"{_t(i):%b %d %H:%M:%S.%f} gpu-host vllm[8707]: {m}",
+    "journald-short-iso": lambda m, i: f"{_t(i):%Y-%m-%dT%H:%M:%S}+0000 gpu-host vllm-guard[8707]: {m}",
+    "journald-short-iso-precise": lambda m, i: f"{_t(i):%Y-%m-%dT%H:%M:%S.%f}+00:00 gpu-host python3[8707]: {m}",
+    "journald-short-full": lambda m, i: f"{_t(i):%a %Y-%m-%d %H:%M:%S} UTC gpu-host vllm-guard[8707]: {m}",
+    "journald-short-monotonic": lambda m, i: f"[{1234.567891 + 0.037 * i:12.6f}] gpu-host vllm-guard[8707]: {m}",
+    "journald-short-unix": lambda m, i: f"{1724092211.123456 + 0.037 * i:.6f} gpu-host vllm-guard[8707]: {m}",
+    # systemd-run --unit=vllm: a transient unit, read with journalctl -u vllm
+    "systemd-run": lambda m, i: f"{_t(i):%b %d %H:%M:%S} gpu-host vllm[31337]: {m}",
+    # a syslog file, or moreutils' `ts` (default format "%b %d %H:%M:%S")
+    "ts": lambda m, i: f"{_t(i):%b %d %H:%M:%S} {m}",
+    # docker logs --timestamps / kubectl logs --timestamps: RFC 3339 with nanoseconds, one space
+    "docker-timestamps": lambda m, i: f"{_rfc3339nano(i)} {m}",
+    # docker compose logs / up: "<service>-<n>" padded, " | " (compose v1: "<project>_<service>_<n>")
+    "compose": lambda m, i: f"vllm-1  | {m}",
+    "compose-v1": lambda m, i: f"vllm_openai_1  | {m}",
+    "compose-timestamps": lambda m, i: f"vllm-1  | {_rfc3339nano(i)} {m}",
+    # the kubelet's CRI container log file: time, stream, F (full line)
+    "cri": lambda m, i: f"{_rfc3339nano(i)} {'stderr' if i % 3 else 'stdout'} F {m}",
+    # kubectl logs --prefix [--timestamps]
+    "kubectl-prefix": lambda m, i: f"[pod/vllm-7d9f8b6c5-x2x4z/vllm] {m}",
+    "kubectl-prefix-timestamps": lambda m, i: f"[pod/vllm-7d9f8b6c5-x2x4z/vllm] {_rfc3339nano(i)} {m}",
+    # Ray's log monitor: "(<task or actor> pid=N, ip=A)", bare "(pid=N)"
+    "ray": lambda m, i: f"(RayWorkerWrapper pid=15645, ip=172.31.15.128) {m}",
+    "ray-pid": lambda m, i: f"(pid=15645) {m}",
+    # a wrapper that tags its child's lines
+    "tag": lambda m, i: f"[vllm]: {m}",
+    # gcloud logging read --format='value(timestamp,severity,textPayload)' (tab separated)
+    "gcloud": lambda m, i: f"{_rfc3339nano(i)}\t{'ERROR' if i % 2 else 'INFO'}\t{m}",
+    # a console that shows time, host and level per entry
+    "console": lambda m, i: (f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3]
+                             + f" | gpu-worker-3 | {'ERROR' if i % 2 else 'INFO'} | {m}"),
+    "console-zone": lambda m, i: f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" CEST\t{m}",
+    # docker's json-file log driver (one object per line, the line's newline kept in "log")
+    "docker-json": lambda m, i: json.dumps({"log": m + "\n", "stream": "stderr", "time": _rfc3339nano(i)}),
+    # journalctl -o json
+    "journal-json": lambda m, i: json.dumps({"__REALTIME_TIMESTAMP": str(1724092211123456 + 37000 * i),
+                                             "_HOSTNAME": "gpu-host", "SYSLOG_IDENTIFIER": "vllm-guard",
+                                             "_PID": "8707", "PRIORITY": "6", "MESSAGE": m}),
+    # Cloud Logging's LogEntry as JSON
+    "cloud-logging-json": lambda m, i: json.dumps({"textPayload": m, "timestamp": _rfc3339nano(i),
+                                                   "severity": "ERROR" if i % 2 else "INFO",
+                                                   "resource": {"type": "k8s_container"}}),
+    # a journald-bound stream read raw: the syslog priority prefix
+    "priority": lambda m, i: f"<{3 if i % 2 else 6}>{m}",
+}
+#: carriers whose entries carry a time stamp (a console can list those newest first)
+STAMPED = [n for n in CARRIER_LINES if n not in ("compose", "compose-v1", "kubectl-prefix", "ray", "ray-pid",
+                                                 "tag", "priority")]
+
+
+def _ray_repeated(m: str, i: int) -> str:
+    """Ray's log deduplication marks a line it folded: "... [repeated 3x across cluster]"."""
+    return f"(RayWorkerWrapper pid=15645, ip=172.31.15.128) {m}" + (" [repeated 3x across cluster]" if m and i % 4 == 1
+                                                                     else "")
+
+
+CARRIER_LINES["ray-repeated"] = _ray_repeated
+
+
+def _cri_partial(lines: list[str]) -> list[str]:
+    """The kubelet splits a long line into partial entries ("P") closed by a full one ("F")."""
+    out = []
+    for i, m in enumerate(lines):
+        ts = _rfc3339nano(i)
+        parts = [m[k:k + 50] for k in range(0, len(m), 50)] or [""]
+        out += [f"{ts} stdout P {p}" for p in parts[:-1]] + [f"{ts} stdout F {parts[-1]}"]
+    return out
+
+
+# --------------------------------------------------------------------------- the transformations
+class Paste:
+    """A function over the log's lines, named for the failure message."""
+
+    def __init__(self, name: str, fn: Callable[[list[str]], list[str]], order: int, drops: str = "") -> None:
+        self.name, self.fn, self.order, self.drops = name, fn, order, drops
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _carrier(name: str) -> Paste:
+    render = CARRIER_LINES[name]
+    return Paste(f"carrier {name}", lambda lines: [render(m, i) for i, m in enumerate(lines)], 2)
+
+
+def _wrap(width: int) -> Paste:
+    def fn(lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            out += [line[k:k + width] for k in range(0, len(line), width)] or [""]
+        return out
+    return Paste(f"hard wrap at {width}", fn, 4)
+
+
+def _quote(marker: str) -> Paste:
+    return Paste(f"quoted with {marker!r}", lambda lines: [marker + ln if ln else marker.rstrip() for ln in lines], 5)
+
+
+def _indent(pad: str) -> Paste:
+    return Paste(f"indented by {pad!r}", lambda lines: [pad + ln for ln in lines], 6)
+
+
+LOWER = Paste("lower case", lambda lines: [ln.lower() for ln in lines], 0)
+NEWEST_FIRST = Paste("newest first", lambda lines: lines[::-1], 3)
+
+
+def _newest_first(name: str) -> list[Paste]:
+    return [_carrier(name), NEWEST_FIRST]
+
+
+TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
+    "wrap": st.integers(min_value=60, max_value=160).map(lambda w: [_wrap(w)]),
+    "carrier": st.sampled_from(sorted(CARRIER_LINES)).map(lambda n: [_carrier(n)]),
+    "cri-partial": st.just([Paste("CRI partial lines", _cri_partial, 2)]),
+    "quote": st.sampled_from(["> ", ">", "> > "]).map(lambda q: [_quote(q)]),
+    "indent": st.sampled_from(["    ", "  ", "\t", "        "]).map(lambda p: [_indent(p)]),
+    "lower": st.just([LOWER]),
+    "newest-first": st.sampled_from(STAMPED).map(_newest_first),
+}
+
+
+def _cut_head(case: cat.Case, k: int) -> Paste:
+    return Paste(f"head cut ({k} lines)", lambda lines: lines[k:], 1, "head")
+
+
+def _cut_tail(case: cat.Case, k: int) -> Paste | None:
+    first = next((i for i, ln in enumerate(case.lines) if case.evidence and case.evidence.lower() in ln.lower()), None)
+    if first is None:
+        return None
+    keep = first + 2 + k
+    return Paste(f"tail cut after line {keep}", lambda lines: lines[:keep], 1, "tail")
+
+
+def _apply(case: cat.Case, pastes: list[Paste]) -> list[str]:
+    lines = list(case.lines)
+    for p in sorted(pastes, key=lambda p: p.order):
+        lines = p.fn(lines)
+    return lines
+
+
+@st.composite
+def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None) -> list[Paste]:
+    """One or more transformations (compositions are applied in the order a log travels: typed,
+    cut, shipped, listed, wrapped by the terminal, quoted, indented)."""
+    chosen = names or tuple(draw(st.lists(st.sampled_from(sorted(TRANSFORMS) + ["head", "tail"]), min_size=1,
+                                          max_size=4, unique=True)))
+    out: list[Paste] = []
+    carried = False
+    for name in chosen:
+        if name == "head":
+            out.append(_cut_head(case, draw(st.integers(min_value=0, max_value=max(0, case.start)))))
+        elif name == "tail":
+            cut = _cut_tail(case, draw(st.integers(min_value=0, max_value=3)))
+            if cut is not None:
+                out.append(cut)
+        elif case.name in PRE_WRAPPED and name in ("carrier", "cri-partial", "newest-first", "wrap"):
+            continue
+        elif case.name in PRE_QUOTED and name in ("quote", "indent"):
+            continue
+        elif name in ("carrier", "cri-partial", "newest-first"):
+            if not carried:
+                out += draw(TRANSFORMS[name])
+                carried = True
+        else:
+            out += draw(TRANSFORMS[name])
+    return out
+
+
+def _same(got, want: dict, pastes: list[Paste], lines: list[str]) -> None:
+    lowered = any(p is LOWER for p in pastes)
+    text = "\n".join(lines)
+    for key, value in want.items():
+        if any(p.drops for p in pastes) and not re.search(rf"(?<![\d.]){re.escape(str(value))}(?![\d])", text):
+            continue     # the cut took the line that stated it (the engine's config line above the failure)
+        have = got.numbers.get(key)
+        if lowered and isinstance(value, str) and isinstance(have, str):
+            have, value = have.lower(), value.lower()
+        assert have == value, f"numbers[{key!r}] = {have!r}, want {value!r} (evidence {got.evidence!r})"
+
+
+def _check_failure(case: cat.Case, ps: list[Paste]) -> None:
+    lines = _apply(case, ps)
+    got = classify(lines, case.exit_code)
+    where = f"{case.name} {ps}: {got.kind} ({got.phase}) from {got.evidence!r}"
+    cut = any(p.drops for p in ps)
+    if cut and got.phase == "unknown" and case.kind.startswith("oom_") and got.kind.value.startswith("oom_"):
+        return   # the cut took every line that placed the OOM (its frames, the milestones): its phase is unknown
+    assert got.kind.value == case.kind, where
+    if case.phase is not None and not cut:
+        assert got.phase == case.phase, where
+    _same(got, case.numbers, ps, lines)
+
+
+def _check_healthy(case: cat.Case, ps: list[Paste]) -> None:
+    got = classify(_apply(case, ps), case.exit_code)
+    assert got.kind.value in ("healthy", "incomplete"), f"{case.name} {ps}: {got.kind} from {got.evidence!r}"
+
+
+# the failing case and its pastes are in the message; shrinking a draw per log of hundreds is slow
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+
+
+# --------------------------------------------------------------------------- every row, each transformation
+@pytest.mark.parametrize("name", sorted(TRANSFORMS) + ["head", "tail"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_every_catalogue_failure_keeps_its_kind_and_numbers_under_each_paste(name: str, data: st.DataObject) -> None:
+    for case in FAILURES:
+        _check_failure(case, data.draw(pastes(case, (name,)), label=case.name))
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS) + ["head"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_every_healthy_log_stays_healthy_under_each_paste(name: str, data: st.DataObject) -> None:
+    for case in HEALTHY + FIXTURE_HEALTHY:
+        _check_healthy(case, data.draw(pastes(case, (name,)), label=case.name))
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_every_saved_failure_log_keeps_its_kind_and_numbers_under_each_paste(name: str, data: st.DataObject) -> None:
+    for case in FIXTURE_FAILURES:
+        _check_failure(case, data.draw(pastes(case, (name,)), label=case.name))
+
+
+# --------------------------------------------------------------------------- compositions
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_compositions_of_pastes_keep_a_failures_kind_and_numbers(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(FAILURES + FIXTURE_FAILURES), label="case")
+    _check_failure(case, data.draw(pastes(case), label="pastes"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_compositions_of_pastes_keep_a_healthy_log_healthy(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(HEALTHY + FIXTURE_HEALTHY), label="case")
+    ps = [p for p in data.draw(pastes(case), label="pastes") if p.drops != "tail"]
+    _check_healthy(case, ps)

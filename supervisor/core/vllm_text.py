@@ -866,7 +866,8 @@ class Normalizer:
             backwards += b < a
         for i, text in enumerate(lines):
             pair = text + (lines[i + 1] if i + 1 < len(lines) else "")    # a line the terminal wrapped
-            if "traceback (most recent call last)" in pair and "traceback (most recent call last)" not in text[-40:]:
+            # the header starts on this line (whole, or wrapped onto the next): counted once, here
+            if 0 <= pair.find("traceback (most recent call last)") < len(text):
                 after = any('file "' in ln for ln in lines[i + 1:i + 4])
                 before = any('file "' in ln for ln in lines[max(0, i - 3):i])
                 natural += after and not before

@@ -330,3 +330,12 @@ def test_compositions_of_pastes_keep_a_healthy_log_healthy(data: st.DataObject) 
     case = data.draw(st.sampled_from(HEALTHY + FIXTURE_HEALTHY), label="case")
     ps = [p for p in data.draw(pastes(case), label="pastes") if p.drops != "tail"]
     _check_healthy(case, ps)
+
+
+def test_a_newest_first_console_of_one_second_is_put_back_in_order_at_every_wrap_width() -> None:
+    # every entry stamped the same second: only the text says the order (a traceback's header comes before
+    # its frames); the header's line wrapped onto the next or whole, it is one vote (hypothesis found the
+    # whole-line header at a line's end was never counted, and the record came out cut)
+    case = next(c for c in _fixtures() if c.name == "current/0.12.0-issue-paste-engine-sigkill.log")
+    for width in range(60, 161):
+        _check_failure(case, [_wrap(width), *_newest_first("journald-short-iso")])

@@ -572,6 +572,14 @@ class _BoundedYaml(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 (PyYAML's name)
+        # refused as the scanner meets it: PyYAML's scanner keeps a possible key per open bracket and
+        # rescans them all per token (a file of 200 000 '[' took a second before the composer saw it)
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                            self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
 
 def _load_yaml(raw: bytes, path: str) -> Any:
     """vLLM's --config YAML, parsed within bounds; every failure a ConfigError naming the file."""

@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from supervisor.cli import start
+    from supervisor.secrets import REGISTRY
+
+    # Once, at the entry: whatever this process prints, logs, keeps or sends from now on has the
+    # secrets of its environment and of its command line (vLLM's flags after `--` included) masked.
+    REGISTRY.add_environ(os.environ)
+    REGISTRY.add_argv(argv)
 
     try:
         if argv and argv[0] == "serve":           # vLLM's command line, unchanged: no parsing here

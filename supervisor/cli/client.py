@@ -30,6 +30,7 @@ from supervisor.core.progress import PHASE_TEXT, last_failure, probe_text, secon
 from supervisor.errors import EX_FAILURE, EX_OK, StateError
 from supervisor.shell import auth, history, locks, output
 from supervisor.shell.probe import probe_host
+from supervisor.shell.signalling import pid_alive
 from supervisor.shell.statefiles import read_json
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
@@ -221,19 +222,6 @@ def post(ep: Endpoint, path: str, environ: Mapping[str, str]) -> httpx.Response:
     if r.status_code == 403:
         raise ClientError("the guard rejected the token (it changes each start unless you set one)")
     return r
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (EPERM counts as alive: it is someone else's)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- rendering ------------------------------------------------------------------------------------

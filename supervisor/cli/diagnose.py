@@ -29,6 +29,7 @@ from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
 from supervisor.core.vllm_text import CARRIERS, LineSplitter
 from supervisor.errors import EX_OK, EX_USAGE
 from supervisor.facts.model_files import load_model_info
+from supervisor.secrets import REGISTRY
 
 _CHUNK = 1 << 20        # read 1 MiB at a time
 CARRIER_WHAT = {c.name: c.what for c in CARRIERS}
@@ -77,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
         remedy = _next_step(diagnosis, args, model)
         read = _read_as(classifier)
         if args.json:
-            print(json.dumps({**_as_json(name, diagnosis, remedy), **read}, ensure_ascii=False), flush=True)
+            shown = REGISTRY.obj({**_as_json(name, diagnosis, remedy), **read})
+            print(json.dumps(shown, ensure_ascii=False), flush=True)
         else:
-            print(_as_text(name, diagnosis, remedy, read), flush=True)
+            print(REGISTRY.text(_as_text(name, diagnosis, remedy, read)), flush=True)
     return status
 
 

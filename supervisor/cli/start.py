@@ -20,6 +20,7 @@ from typing import Any, TextIO, cast
 
 from supervisor import config
 from supervisor.errors import EX_OK, EX_USAGE, GuardError
+from supervisor.secrets import REGISTRY
 
 SERVE_HELP = """usage: vllm-guard serve MODEL [vLLM's own flags...]
 
@@ -80,7 +81,7 @@ def serve(argv: Sequence[str]) -> int:
 
 def unrecognized_hint(extra: Sequence[str]) -> str:
     """The error for guard options argparse did not know: most often vLLM flags without ``--``."""
-    shown = " ".join(extra)
+    shown = " ".join(REGISTRY.argv(extra))
     return (f"vllm-guard start: unrecognized arguments: {shown}\n"
             f"  vLLM's own flags go after `--`:  vllm-guard start --model MODEL -- {shown}\n"
             f"  or, as with `vllm serve`:        vllm-guard serve MODEL {shown}")
@@ -95,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = config.resolve(args, os.environ)
         cfg.endpoint()
     except config.ConfigError as e:
-        print(f"vllm-guard: configuration error: {e}", file=sys.stderr)
+        print(REGISTRY.text(f"vllm-guard: configuration error: {e}"), file=sys.stderr)
         return e.exit_code
+    REGISTRY.add_argv(cfg.vllm_args)
+    REGISTRY.add_argv(cfg.vllm_file_args)     # vLLM's --config YAML, as the arguments vLLM makes of it
     if getattr(args, "dry_run", None):
         return dry_run(cfg)
     live = None
@@ -124,7 +127,7 @@ def dry_run(cfg: config.GuardConfig) -> int:
     from supervisor.core.session import Session
     from supervisor.facts import preflight
     from supervisor.facts.nvml import NvmlProvider
-    from supervisor.shell import auth, learned
+    from supervisor.shell import learned
 
     try:
         checked = preflight.check(cfg, os.environ)
@@ -134,19 +137,19 @@ def dry_run(cfg: config.GuardConfig) -> int:
                        else (gathered.facts, None))
     except GuardError as e:
         what = "configuration error: " if isinstance(e, config.ConfigError) else ""
-        print(f"vllm-guard: {what}{e}", file=sys.stderr)
+        print(REGISTRY.text(f"vllm-guard: {what}{e}"), file=sys.stderr)
         return e.exit_code
     for text in [*checked, *gathered.notes, *gathered.warnings]:
-        print(f"# {text}")
+        print(REGISTRY.text(f"# {text}"))
     session = Session(cfg, found, rng=random.Random(0))
     step = session.first_launch()
     flags, dropped = session.launching()
-    print(shlex.join(auth.redact_argv(cfg.launch_argv(flags))))
+    print(shlex.join(REGISTRY.argv(cfg.launch_argv(flags))))
     for text in dropped:
-        print(f"# {text}")
+        print(REGISTRY.text(f"# {text}"))
     if not session.notes:
         print(f"# the flags as given ({step.why})")
     for name, note in session.notes.items():
         shown = "(removed)" if note.value is None else (note.value or "(on)")
-        print(f"# {name} {note.was or '(unset)'} -> {shown}  [{note.source}] {note.text}")
+        print(REGISTRY.text(f"# {name} {note.was or '(unset)'} -> {shown}  [{note.source}] {note.text}"))
     return EX_OK

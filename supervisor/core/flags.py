@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from supervisor.core import vllm_flags_data
@@ -57,6 +57,50 @@ BOOLEAN_FLAGS = _valueless_in_every_release() | frozenset(
     }
 )
 
+#: Flags that take one or more values (argparse ``nargs="+"``): every token up to the next flag is
+#: theirs, so ``--api-key K1 K2`` gives two keys. From vLLM 0.32's own parser (``vllm serve``'s
+#: actions with ``nargs="+"``) and earlier versions' sources: ``--served-model-name``,
+#: ``--lora-modules`` and ``--prompt-adapters`` since 0.5, ``--api-key`` a list since 0.10.1
+#: (``api_key: list[str] | None``; one value before), ``--cuda-graph-sizes`` (0.9-0.11, now
+#: ``--cudagraph-capture-sizes``), ``--long-lora-scaling-factors`` (a tuple, until 0.11).
+MULTI_VALUE_FLAGS = frozenset(
+    {
+        "--api-key",
+        "--served-model-name",
+        "--lora-modules",
+        "--prompt-adapters",
+        "--allowed-media-domains",
+        "--sleep-preserve-parameter-names",
+        "--logits-processors",
+        "--ignore-patterns",
+        "--numa-bind-nodes",
+        "--numa-bind-cpus",
+        "--kv-cache-dtype-skip-layers",
+        "--cpu-offload-params",
+        "--offload-params",
+        "--lora-target-modules",
+        "--collect-detailed-traces",
+        "--cudagraph-capture-sizes",
+        "--cuda-graph-sizes",
+        "--long-lora-scaling-factors",
+    }
+)
+
+#: Flags whose value is optional (``nargs="?"``): ``--hf-token`` alone means the cached login
+#: (``hf_token: bool | str | None``, 0.8+).
+OPTIONAL_VALUE_FLAGS = frozenset({"--hf-token"})
+
+#: Flags vLLM itself never logs verbatim (``_SENSITIVE_ARG_FIELDS`` in
+#: ``vllm/entrypoints/serve/utils/api_utils.py``, 0.29+; ``--watermark-config`` from 0.30). Every
+#: flag whose name says token, key, secret, password ... is a secret too (``supervisor.secrets``).
+VLLM_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--watermark-config"})
+
+#: Secret flags vLLM also reads from an environment variable, one value each: ``VLLM_API_KEY``
+#: (``args.api_key or envs.VLLM_API_KEY`` since 0.5; the flag wins from 0.8) and ``HF_TOKEN``
+#: (Hugging Face's own, read when no ``hf_token`` is passed). The guard passes them there, where
+#: only the same user can read them: every local user can read a command line (``ps``).
+SECRET_FLAG_ENV = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+
 ALIASES = {
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
@@ -83,6 +127,16 @@ PIPELINE_PARALLEL = "--pipeline-parallel-size"
 #: The values of ``--max-model-len`` that ask vLLM to size the length itself (0.14+).
 AUTO_LENGTHS = ("auto", "-1")
 
+#: The flags the guard sets, and the others it reads that take exactly one value (argparse ``store``
+#: in every vLLM): vLLM reads only the last of several, so a :class:`Flags` holds each once, as it
+#: holds each switch of :data:`BOOLEAN_FLAGS` once (``_one_each``). Not here: flags that take several
+#: values (``--served-model-name``, ``--api-key``) or may repeat (``--middleware``), and ``--config``
+#: (vLLM refuses two).
+READ_ONCE_FLAGS = frozenset({MAX_MODEL_LEN, UTILIZATION, KV_CACHE_DTYPE, KV_CACHE_BYTES, ENFORCE_EAGER, MAX_NUM_SEQS,
+                             MAX_BATCHED_TOKENS, CPU_OFFLOAD, BLOCK_SIZE, CHUNKED_PREFILL, TENSOR_PARALLEL,
+                             PIPELINE_PARALLEL, "--dtype", "--quantization", "--host", "--port", "--nnodes",
+                             "--distributed-executor-backend"})
+
 
 def canonical(name: str) -> str:
     """``--max_model_len`` -> ``--max-model-len``; ``-tp`` -> ``--tensor-parallel-size``."""
@@ -93,8 +147,92 @@ def canonical(name: str) -> str:
     return name
 
 
+def _forms(name: str) -> tuple[str, str]:
+    """A flag's two spellings as argparse's ``BooleanOptionalAction`` has them: ``--x`` and ``--no-x``
+    (from either), one flag to vLLM."""
+    if name.startswith("--no-"):
+        return "--" + name[5:], name
+    return name, "--no-" + name[2:]
+
+
+def _read_once(name: str | None) -> str | None:
+    """A flag vLLM reads once (the last occurrence wins), by its ``--x`` spelling; None for any other
+    flag and for a positional."""
+    if name is None:
+        return None
+    key = _forms(name)[0]
+    return key if key in READ_ONCE_FLAGS or key in BOOLEAN_FLAGS else None
+
+
+def _one_each(entries: Iterable[_Entry]) -> tuple[_Entry, ...]:
+    """Entries where a flag vLLM reads once stands once: its last occurrence (argparse's answer, ``--x``
+    or ``--no-x``), where its first stood. The one place a flag is replaced, so no combination of the
+    user's flags, learned ones, the plan's and the remedies' can put one on the command line twice.
+    Flags that may repeat (``--middleware`` is ``append``) and positionals are left as given."""
+    entries = tuple(entries)
+    last = {key: e for e in entries if (key := _read_once(e.name)) is not None}
+    out: list[_Entry] = []
+    for e in entries:
+        key = _read_once(e.name)
+        if key is None:
+            out.append(e)
+        elif key in last:
+            out.append(last.pop(key))
+    return tuple(out)
+
+
 def _is_flag(token: str) -> bool:
     return token.startswith("-") and not _NUMBER.match(token) and token != "-"
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument as vLLM's argparse reads it: a flag with its values, or a positional token."""
+
+    start: int                 # index of its first token
+    end: int                   # one past its last token
+    name: str | None           # canonical flag name; None for a positional token
+    raw: str | None            # the flag as written (before any ``=``)
+    values: tuple[str, ...]    # () for a switch
+    inline: bool = False       # ``--flag=value``
+
+
+def split_args(tokens: Sequence[str], greedy: Callable[[str], bool] | None = None) -> list[Arg]:
+    """``tokens`` as argparse reads them: each flag takes the values its arity allows (none for a
+    switch, one or none for an optional value, every token up to the next flag for a
+    :data:`MULTI_VALUE_FLAGS` member, else one). ``greedy(name)`` true makes a flag take every token up
+    to the next flag whatever its arity, also after ``--flag=value`` (to mask every value a secret
+    flag could have)."""
+    out: list[Arg] = []
+    i, n = 0, len(tokens)
+    while i < n:
+        tok = tokens[i]
+        if not _is_flag(tok):
+            out.append(Arg(i, i + 1, None, None, (tok,)))
+            i += 1
+            continue
+        raw, eq, inline = tok.partition("=")
+        name = canonical(raw)
+        eager = greedy is not None and greedy(name)
+        j = i + 1
+        values: list[str] = [inline] if eq else []
+        if eq and not eager:
+            pass
+        elif name in BOOLEAN_FLAGS or name.startswith("--no-"):
+            if eager:
+                while j < n and not _is_flag(tokens[j]):
+                    values.append(tokens[j])
+                    j += 1
+        elif eager or name in MULTI_VALUE_FLAGS:
+            while j < n and not _is_flag(tokens[j]):
+                values.append(tokens[j])
+                j += 1
+        elif j < n and not _is_flag(tokens[j]):
+            values.append(tokens[j])
+            j += 1
+        out.append(Arg(i, j, name, raw, tuple(values), bool(eq)))
+        i = j
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,12 +240,13 @@ class _Entry:
     name: str | None      # canonical flag name; None for a positional token
     value: str | None     # None for a boolean flag
     raw: str | None = None  # the user's spelling of the name, kept when rendering
+    more: tuple[str, ...] = ()  # the further values of a flag that takes several
 
     def tokens(self) -> list[str]:
         if self.name is None:
             return [self.value or ""]
         name = self.raw or self.name
-        return [name] if self.value is None else [name, self.value]
+        return [name] if self.value is None else [name, self.value, *self.more]
 
 
 class Flags:
@@ -121,7 +260,7 @@ class Flags:
     __slots__ = ("_entries", "_base")
 
     def __init__(self, entries: Iterable[_Entry] = (), base: Flags | None = None) -> None:
-        self._entries: tuple[_Entry, ...] = tuple(entries)
+        self._entries: tuple[_Entry, ...] = _one_each(entries)
         self._base = base
 
     @property
@@ -137,23 +276,18 @@ class Flags:
         """Parse argv tokens (or a shell string) the way vLLM's argparse would see them."""
         tokens = shlex.split(args) if isinstance(args, str) else list(args)
         entries: list[_Entry] = []
-        i = 0
-        while i < len(tokens):
-            tok = tokens[i]
-            i += 1
-            if not _is_flag(tok):
-                entries.append(_Entry(None, tok))
+        for arg in split_args(tokens):
+            if arg.name is None:
+                entries.append(_Entry(None, arg.values[0]))
                 continue
-            raw, eq, inline = tok.partition("=")
-            name = canonical(raw)
+            raw = arg.raw or arg.name
             keep_raw = raw if raw in ALIASES or raw.startswith("-") and not raw.startswith("--") else None
-            if eq:
-                entries.append(_Entry(name, inline, keep_raw))
-            elif name in BOOLEAN_FLAGS or name.startswith("--no-") or i >= len(tokens) or _is_flag(tokens[i]):
-                entries.append(_Entry(name, None, keep_raw))
+            if arg.inline:
+                entries.append(_Entry(arg.name, arg.values[0], keep_raw))
+            elif not arg.values:
+                entries.append(_Entry(arg.name, None, keep_raw))
             else:
-                entries.append(_Entry(name, tokens[i], keep_raw))
-                i += 1
+                entries.append(_Entry(arg.name, arg.values[0], keep_raw, arg.values[1:]))
         return cls(entries, base)
 
     # -- queries ---------------------------------------------------------------------------
@@ -168,6 +302,14 @@ class Flags:
             if e.name == name:
                 return "" if e.value is None else e.value
         return self._base.get(name, default) if self._base is not None else default
+
+    def get_all(self, name: str) -> list[str]:
+        """Every value of the last occurrence (``--api-key K1 K2`` -> ``["K1", "K2"]``); [] when absent."""
+        name = canonical(name)
+        for e in reversed(self._entries):
+            if e.name == name:
+                return [] if e.value is None else [e.value, *e.more]
+        return self._base.get_all(name) if self._base is not None else []
 
     def world_size(self) -> int:
         """The GPUs one launch uses: --tensor-parallel-size x --pipeline-parallel-size."""
@@ -209,15 +351,16 @@ class Flags:
 
     # -- changes (each returns a new Flags) --------------------------------------------------
     def set(self, name: str, value: str | int | float | None = None) -> Flags:
-        """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood."""
+        """Set ``name`` to ``value`` (``None``: a boolean flag), replacing it where it stood: every
+        occurrence of the flag, in either spelling (``--x``, ``--no-x``), is this one entry."""
         name = canonical(name)
         text = None if value is None else format_value(value)
         new = _Entry(name, text)
+        forms = _forms(name)
         out: list[_Entry] = []
         placed = False
-        neg = "--no-" + name[2:]
         for e in self._entries:
-            if e.name in (name, neg):
+            if e.name in forms:
                 if not placed:
                     out.append(new)
                     placed = True
@@ -228,10 +371,10 @@ class Flags:
         return Flags(out, self._base)
 
     def remove(self, name: str) -> Flags:
-        """Without ``name`` on the command line (a value from the config file still stands)."""
-        name = canonical(name)
-        neg = "--no-" + name[2:]
-        return Flags((e for e in self._entries if e.name not in (name, neg)), self._base)
+        """Without ``name`` on the command line, in either spelling (a value from the config file still
+        stands)."""
+        forms = _forms(canonical(name))
+        return Flags((e for e in self._entries if e.name not in forms), self._base)
 
     def argv(self) -> list[str]:
         out: list[str] = []
@@ -240,8 +383,9 @@ class Flags:
         return out
 
     def as_dict(self) -> dict[str, str]:
-        """Flag -> value (``""`` for booleans), the config file's under the command line's."""
-        own = {e.name: ("" if e.value is None else e.value) for e in self._entries if e.name}
+        """Flag -> value (``""`` for booleans; a flag's several values joined by spaces), the config
+        file's under the command line's."""
+        own = {e.name: ("" if e.value is None else " ".join([e.value, *e.more])) for e in self._entries if e.name}
         return {**(self._base.as_dict() if self._base is not None else {}), **own}
 
     def __eq__(self, other: object) -> bool:
@@ -253,6 +397,32 @@ class Flags:
     def __repr__(self) -> str:
         base = f", base={self._base!r}" if self._base is not None else ""
         return f"Flags({shlex.join(self.argv())!r}{base})"
+
+
+def secrets_to_environ(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """``argv`` without the secret flags that can be given in the environment instead
+    (:data:`SECRET_FLAG_ENV`), and the variables that give them. A flag stays on the command line
+    when it is given more than once, with no value or several (``--api-key K1 K2``: the variable
+    holds one key), or when the variable is already set to something else (vLLM before 0.8 let
+    the variable win: moving the flag would change which key it uses)."""
+    args = split_args(list(argv))
+    environ = environ or {}
+    counts: dict[str, int] = {}
+    for a in args:
+        if a.name is not None:
+            counts[a.name] = counts.get(a.name, 0) + 1
+    drop: set[int] = set()
+    moved: dict[str, str] = {}
+    for k, a in enumerate(args):
+        var = SECRET_FLAG_ENV.get(a.name or "")
+        if var is None or counts[a.name or ""] != 1 or len(a.values) != 1 or not a.values[0]:
+            continue
+        if environ.get(var) not in (None, "", a.values[0]):
+            continue
+        moved[var] = a.values[0]
+        drop.add(k)
+    out = [t for k, a in enumerate(args) if k not in drop for t in argv[a.start:a.end]]
+    return out, moved
 
 
 def diff(before: Flags, after: Flags) -> dict[str, tuple[str | None, str | None]]:

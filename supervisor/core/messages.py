@@ -96,6 +96,11 @@ _RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + 
 _RX_AVAIL = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is) "
                        + _F + r" ?GiB")
 _RX_SERVED = re.compile(r"Using max model len (\d+)")
+# the memory CUDA graphs took, as vLLM measured it: capture_model's "Graph capturing finished in 12 secs,
+# took 0.56 GiB" (0.6.4+), then _compile_or_warm_up_model's "CUDA graph pool memory: 0.56 GiB (actual),
+# ..." (0.18+, printed after it: the pool's own figure stands)
+_RX_GRAPHS = re.compile(r"(?:Graph capturing finished in [\d.]+ secs, took|CUDA graph pool memory:) "
+                        + _F + r" ?GiB")
 
 
 # The numbers are read whatever the case of the words around them (a message retyped in lower case).
@@ -149,6 +154,7 @@ def _info_numbers(text: str) -> dict[str, Any]:
         (_RX_LOADED, "model_loading_gib", lambda m: float(m.group(1))),
         (_RX_AVAIL, "available_kv_gib", lambda m: float(m.group(1))),
         (_RX_SERVED, "served_max_model_len", lambda m: int(m.group(1))),
+        (_RX_GRAPHS, "cudagraph_gib", lambda m: float(m.group(1))),
     ):
         m = rx.search(text)
         if m:

@@ -31,9 +31,11 @@ from supervisor.core.flags import (
 from supervisor.core.plan import Sizing
 from supervisor.core.units import GiB
 
-PARTS = ("weights", "activation", "non_torch", "cudagraph", "overhead", "other_processes", "kv_cache", "unused")
+PARTS = ("weights", "activation", "non_torch", "cudagraph", "overhead", "runtime", "other_processes", "kv_cache",
+         "unused")
 LABELS = {"weights": "weights", "activation": "activation", "non_torch": "non-torch", "cudagraph": "CUDA graphs",
-          "overhead": "activation + non-torch + graphs", "other_processes": "other processes",
+          "overhead": "activation + non-torch + graphs", "runtime": "activation + non-torch",
+          "other_processes": "other processes",
           "kv_cache": "KV cache", "unused": "left unused"}
 
 
@@ -89,7 +91,10 @@ def printed(numbers: Mapping[str, Any], *, total_gib: float | None, utilization:
     graphs_printed = numbers.get("cudagraph_gib")
     graphs = float(graphs_printed) if isinstance(graphs_printed, (int, float)) else 0.0
     rest = share - float(weights) - float(kv) - float(graphs) - other_gib
-    parts = [("weights", float(weights)), ("overhead", rest), ("cudagraph", float(graphs)),
+    # with the graphs printed ("Graph capturing finished ..., took X GiB"), the rest is activation and
+    # non-torch alone, and the graphs are their own segment
+    rest_part = "runtime" if isinstance(graphs_printed, (int, float)) else "overhead"
+    parts = [("weights", float(weights)), (rest_part, rest), ("cudagraph", float(graphs)),
              ("other_processes", other_gib), ("kv_cache", float(kv))]
     return {"source": "vllm", "total_gib": round(float(total), 2), "utilization": utilization,
             "segments": _segments(float(total), parts)}

@@ -12,12 +12,13 @@ backoff -- is :mod:`supervisor.core.session`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from supervisor.config import RemedyConfig
 from supervisor.core import vllm
-from supervisor.core.diagnosis import Diagnosis, Kind
+from supervisor.core.diagnosis import UNKNOWN_PHASE, Diagnosis, Kind
 from supervisor.core.flags import (
     BLOCK_SIZE,
     CHUNKED_PREFILL,
@@ -56,6 +57,17 @@ class Change:
     old: str | None
     new: str | None
     why: str
+
+
+def combined(*steps: Iterable[Change]) -> tuple[Change, ...]:
+    """The changes of steps taken one after another (the plan's, then a remedy's), one per flag: its
+    first 'was', its last 'now', the reasons in order; a flag that ends where it began is no change.
+    What a person reads about a launch then names each flag once, at the value it is launched with."""
+    out: dict[str, Change] = {}
+    for c in (c for step in steps for c in step):
+        before = out.get(c.flag)
+        out[c.flag] = c if before is None else Change(c.flag, before.old, c.new, f"{before.why}; then {c.why}")
+    return tuple(c for c in out.values() if c.old != c.new)
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,9 @@ def _set(current: Flags, flag: str, value: str | float | None, why: str, step: s
 
 
 # -- the rules --------------------------------------------------------------------------------
+_NO_SIZE = "no size printed"      # the KV rule's source when vLLM said how many tokens fit in no form
+
+
 def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     rules = ctx.rules
     block = _block(current, d, ctx)
@@ -183,29 +198,31 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         source = "the ratio of available to needed KV memory"
     if fit is None and length:
         fit = length // 2
-        source = "halving (vLLM printed no size)"
+        source = _NO_SIZE
     if fit is None:
         return GiveUp("the KV cache is too small, and neither the log nor the flags say the "
                       "current length", EX_TEMPFAIL, ADVICE)
-    fit = int(fit)
+    fit = estimate = int(fit)         # estimate: what vLLM printed (or the ratio gave), before the cap
     if cap:
         fit = min(fit, cap)
-    new_len = _align(fit, block)
     floor = rules.min_model_len
     kv_dtype = (current.get(KV_DTYPE) or "auto").lower()
     if source == "vLLM's estimate" and _allowed(ctx, "max_model_len"):
         try:
-            sized = _kv_resized(fit, length, cap, block, d, current, ctx)
+            sized = _kv_resized(fit, length, cap, block, d, current, ctx, estimate=estimate)
         except (ArithmeticError, ValueError, TypeError):
             sized = None       # the model's facts cannot size this (an unknown KV dtype ...)
         if sized is not None:
             return sized
+    new_len = _align(fit, block)
+    halved = bool(length and new_len >= length)       # no progress from the estimate: halve
+    if halved:
+        assert length is not None
+        new_len = _align(length // 2, block)
+    head, how = _length_why(estimate, source, length, cap, new_len, halved=halved)
     if new_len >= floor and _allowed(ctx, "max_model_len"):
-        if length and new_len >= length:
-            new_len = _align(length // 2, block)    # no progress from the estimate: halve
-        why = (f"the KV cache holds about {fit} tokens ({source}), not {length}; "
-               f"{new_len} is that, aligned down to the {block}-token block")
-        out = _set(current, MML, str(new_len), why, "max_model_len")
+        out = _set(current, MML, str(new_len), f"{head}; {how}, aligned down to the {block}-token block",
+                   "max_model_len")
         if length and length > 32768 >= new_len:
             # V0 measured this capacity with chunked prefill on (automatic above 32768); at the
             # new length it would profile the whole context and the KV cache would shrink.
@@ -213,6 +230,17 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             if extra:
                 return Relaunch(flags, out.changes + tuple(extra), out.why, step="max_model_len")
         return out
+    # what keeps the length where it is, in the numbers the rule has: too few tokens for the floor,
+    # or a length change not allowed
+    if head.startswith("the KV cache holds"):
+        short = (f"only {fit} tokens fit, below the floor of {floor}" if new_len < floor and fit < floor
+                 else f"only {new_len} tokens fit in whole {block}-token blocks, below the floor of {floor}"
+                 if new_len < floor
+                 else f"only {fit}" + (f" of the {length}" if length else "")
+                 + " tokens fit, and the remedies allowed do not include the length")
+    else:       # vLLM's figure is no help: the length it did not hold, and what the rule would make of it
+        short = f"{head}; " + (f"{how} in whole {block}-token blocks, below the floor of {floor}" if new_len < floor
+                               else "the remedies allowed do not include the length")
     if (kv_dtype == "auto" and _allowed(ctx, "kv_cache_fp8") and ctx.fp8_supported is not False
             and "kv_cache_fp8" not in ctx.tried):
         # fp8 halves bytes per token, so the same memory holds twice the tokens; on V0 chunked
@@ -222,9 +250,7 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         doubled = _align(min(2 * tokens, cap or 2 * tokens), block)
         if doubled >= floor:
             flags = current.set(KV_DTYPE, "fp8")
-            changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8",
-                              f"only {fit} tokens fit, below the floor of {floor}; "
-                              "fp8 KV doubles the capacity")]
+            changes = [Change(KV_DTYPE, current.get(KV_DTYPE), "fp8", f"{short}; fp8 KV doubles the capacity")]
             if chunked is not None:
                 flags = flags.set(CHUNKED)
                 changes.append(chunked[1])
@@ -242,13 +268,33 @@ def _kv_cache(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
             continue
         freed = _no_kv_step(step, d, current, ctx)
         if freed is not None:
-            return Relaunch(freed.flags, freed.changes,
-                            f"only {fit} tokens fit, below the floor of {floor}; " + freed.why,
-                            step=f"kv_small:{step}")
-    return GiveUp(
-        f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
-        + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),
-        EX_TEMPFAIL, ADVICE)
+            return Relaunch(freed.flags, freed.changes, f"{short}; " + freed.why, step=f"kv_small:{step}")
+    below = (f"the KV cache holds only about {fit} tokens, below the floor --min-model-len {floor}"
+             if short.startswith(f"only {fit} tokens fit, below") else short)
+    return GiveUp(below + (" even with fp8 KV" if kv_dtype != "auto" or "kv_cache_fp8" in ctx.tried else ""),
+                  EX_TEMPFAIL, ADVICE)
+
+
+def _length_why(estimate: int, source: str, length: int | None, cap: int | None, new_len: int, *,
+                halved: bool) -> tuple[str, str]:
+    """Why ``--max-model-len`` becomes ``new_len``, in the numbers the rule acted on: what the KV cache
+    holds (and where that figure came from) against the length that did not fit, and how ``new_len``
+    follows from them (before its alignment to the block)."""
+    if length and source == _NO_SIZE:
+        head = f"the KV cache cannot hold {length} tokens and vLLM printed no size for it"
+    elif length and estimate >= length:
+        head = f"the KV cache cannot hold {length} tokens, yet {source} gives {estimate}, no fewer"
+    else:
+        head = f"the KV cache holds about {estimate} tokens ({source})" + (f", not {length}" if length else "")
+    if halved or source == _NO_SIZE:
+        how = f"{new_len} is half of {length}"
+    elif cap and cap < estimate and (not length or cap < length):
+        how = f"{new_len} is the {cap} asked for"
+    elif length and estimate >= length:
+        how = f"{new_len} is {length}"
+    else:
+        how = f"{new_len} is that"
+    return head, how
 
 
 def _v0_chunked(fit: int, length: int | None, d: Diagnosis, current: Flags, ctx: Context) -> tuple[int, Change] | None:
@@ -272,14 +318,15 @@ def _v0_chunked(fit: int, length: int | None, d: Diagnosis, current: Flags, ctx:
 
 
 def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Diagnosis, current: Flags,
-               ctx: Context) -> Relaunch | None:
+               ctx: Context, *, estimate: int) -> Relaunch | None:
     """The length vLLM measured, corrected for what the relaunch's other changes do to the KV cache.
 
     With the model known (``ctx.sizing``), two changes are predictable from vLLM's own figure:
     V0 profiled the whole context at once (up to 32768 tokens), so chunked prefill frees that
     activation memory for the KV cache; and vLLM < 0.20 on a GPU other processes share captures
     CUDA graphs outside its budget, so the budget must leave room for them (else the next launch
-    fails at capture). None: no correction applies, the plain rule decides.
+    fails at capture). None: no correction applies, the plain rule decides. ``fit`` is vLLM's
+    ``estimate`` held to the length asked for (``cap``).
     """
     if ctx.sizing is None or not length:
         return None
@@ -311,9 +358,11 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
     if new_len < ctx.rules.min_model_len:
         return None
     if new_len < length:
+        capped = "" if not cap or cap >= tokens else (
+            f", held to the {cap} asked for" if ctx.requested.get_int(MML) else f", held to the {cap} launched")
+        head, _ = _length_why(estimate, "vLLM's estimate", length, cap, new_len, halved=False)
         changes.insert(0, Change(MML, current.get(MML), str(new_len), (
-            f"the KV cache holds about {fit} tokens (vLLM's estimate), not {length}; with the changes below "
-            f"about {tokens}, aligned down to the {block}-token block")))
+            f"{head}; with the changes below about {tokens}{capped}, aligned down to the {block}-token block")))
         flags = flags.set(MML, str(new_len))
         if length > 32768 >= new_len:
             flags, extra = _with_chunked_prefill(flags, d, ctx, None)
@@ -328,8 +377,8 @@ def _auto_fit_above(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     if not asked:
         return GiveUp("vLLM's auto-fit chose a length above the request, but the request is unknown",
                       EX_CONFIG, "set --max-model-len")
-    why = (f"vLLM's auto-fit found room for {chosen} tokens, more than the {asked} asked for; "
-           f"{asked} fits")
+    room = f"room for {chosen} tokens" if chosen else "a length"
+    why = f"vLLM's auto-fit found {room}, more than the {asked} asked for; {asked} fits"
     return _set(current, MML, str(asked), why, "max_model_len_asked")
 
 
@@ -385,25 +434,38 @@ def _share_under_free(current: Flags, ctx: Context, util: float, *, free_gib: fl
                                   margin=ctx.rules.utilization_margin), None
 
 
+#: The least KV cache (GiB) the guard gives the CPU backend: less holds no useful context.
+CPU_KV_LEAST_GIB = 0.25
+
+
 def _cpu_kv_space(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     """The CPU backend was given a KV cache size larger than its NUMA node has available. vLLM
     applies VLLM_CPU_KVCACHE_SPACE over ``--kv-cache-memory-bytes``, so only a size given by the
     flag alone can be lowered; an environment variable is for a person to change."""
     free, total, asked = float(_num(d, "free_gib") or 0), _num(d, "total_gib"), _num(d, "cpu_kv_gib")
     fits = max(0.0, free * 0.9)               # other processes' memory moves; keep a tenth back
-    advice = (f"set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most {math.floor(fits)} GiB, "
-              "or free memory on this machine")
-    if ctx.cpu_kv_space_gib is not None or not current.has(KV_BYTES):
-        return GiveUp(f"the KV cache was set to {asked} GiB, but only {free} of {total} GiB of CPU memory is "
-                      "available (VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your "
-                      "environment)", EX_CONFIG, advice)
-    if fits < 0.25 or not _allowed(ctx, "gpu_memory_utilization"):    # the memory-share remedy
-        return GiveUp(f"only {free} of {total} GiB of CPU memory is available for the KV cache", EX_TEMPFAIL, advice)
     new_bytes = int(fits * GiB) // (1 << 20) * (1 << 20)
+    available = f"only {free}" + (f" of {total}" if total else "") + " GiB of CPU memory is available"
+    # The advice is a size vLLM can be given: VLLM_CPU_KVCACHE_SPACE counts whole GiB (vLLM reads it
+    # with int(), and 0 is a KV cache of nothing); below a GiB only the flag can say it, and it wins
+    # only with the variable unset; below the least KV cache worth a launch, nothing fits.
+    if fits < CPU_KV_LEAST_GIB:
+        advice = f"no KV cache fits in the {free} GiB of CPU memory available: free memory on this machine"
+    elif fits < 1:
+        advice = (f"unset VLLM_CPU_KVCACHE_SPACE (it counts whole GiB, and less than 1 GiB is available) and set "
+                  f"--kv-cache-memory-bytes to at most {new_bytes} ({new_bytes / GiB:.2f} GiB), or free memory "
+                  "on this machine")
+    else:
+        advice = (f"set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most {math.floor(fits)} GiB, "
+                  "or free memory on this machine")
+    if ctx.cpu_kv_space_gib is not None or not current.has(KV_BYTES):
+        return GiveUp(f"the KV cache was set to {asked} GiB, but {available} (VLLM_CPU_KVCACHE_SPACE decides it, "
+                      "and vllm-guard does not change your environment)", EX_CONFIG, advice)
+    if fits < CPU_KV_LEAST_GIB or not _allowed(ctx, "gpu_memory_utilization"):    # the memory-share remedy
+        return GiveUp(f"{available} for the KV cache", EX_TEMPFAIL, advice)
     flags = current.set(KV_BYTES, str(new_bytes))
     changes = [Change(KV_BYTES, current.get(KV_BYTES), str(new_bytes),
-                      f"only {free} of {total} GiB of CPU memory is available; "
-                      f"{new_bytes / GiB:.2f} GiB stays under it")]
+                      f"{available}; {new_bytes / GiB:.2f} GiB stays under it")]
     length = _length(current, d, ctx)
     # the model's KV bytes per token say whether the length still fits (without them, vLLM will say)
     planned = _plan(ctx, flags, total_gib=float(total or 0), free_gib=None) if total else None
@@ -419,25 +481,30 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         return _cpu_kv_space(d, current, ctx)
     printed = bool(_num(d, "free_gib") and _num(d, "total_gib"))
     free, total = _num(d, "free_gib") or ctx.gpu_free_gib, _num(d, "total_gib") or ctx.gpu_total_gib
+    share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
+    cpu = kv_auto is not None or bool(_num(d, "cpu_node"))
+    device = "CPU memory" if cpu else "the GPU"
     if not free or not total or not _allowed(ctx, "gpu_memory_utilization"):
-        return GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
-                      "free the GPU, or lower --gpu-memory-utilization")
+        return GiveUp(f"other processes hold the {'CPU' if cpu else 'GPU'} memory vLLM asked for", EX_TEMPFAIL,
+                      f"free {device}, or lower --gpu-memory-utilization")
     free, total = float(free), float(total)
     # vLLM measures free memory after creating its CUDA context; NVML's figure still includes it.
     context = 0 if printed else vllm.CUDA_CONTEXT_BYTES
     current_util = current.get_float(UTIL) or _num(d, "requested_utilization") or 1.0
-    share, kv_auto = _num(d, "cpu_share_gib"), _num(d, "cpu_kv_auto_gib")
-    device = "CPU memory" if (kv_auto or _num(d, "cpu_node")) else "the GPU"
     planned = None
-    if share and kv_auto:
-        # the CPU backend's share holds the worker's memory and then the KV cache: shrink the share
-        # by what the KV cache lacked
+    # The CPU backend's share holds the worker's memory and then the KV cache. vLLM refuses it when the
+    # KV cache's part is more than is available (the share shrinks by what it lacked) or is nothing
+    # (kv_auto <= 0: the worker's own memory fills the share, which grows by what is available).
+    moved = bool(share and kv_auto is not None and (kv_auto <= 0 or kv_auto > free))
+    grows = moved and kv_auto <= 0
+    if moved:
+        current_util = float(share) / total         # the share as vLLM printed it
         util = utilization_under_free(float(share) - (float(kv_auto) - free), total, context_bytes=0,
                                       margin=ctx.rules.utilization_margin)
     else:
         util, planned = _share_under_free(current, ctx, current_util, free_gib=free, total_gib=total,
                                           context_bytes=context)
-    if util <= 0.05 or util >= current_util:
+    if util <= 0.05 or util > 1 or (util <= current_util if grows else util >= current_util):
         return GiveUp(f"only {free}/{total} GiB is free on {device}; other processes hold the rest",
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     weights = _weights_per_rank_gib(current, ctx)
@@ -447,9 +514,12 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
                       EX_TEMPFAIL, f"free {device} (see the processes holding it)")
     why = (f"only {free} of {total} GiB is free (other processes hold the rest); "
            f"{util:.2f} stays under it")
-    if share and kv_auto:
+    if moved and not grows:
         why = (f"the CPU memory share left the KV cache {float(kv_auto) - free:.2f} GiB short of the {free} GiB "
                f"available; {util:.2f} shrinks the share by that")
+    elif grows:
+        why = (f"the CPU memory share ({share} GiB) left the KV cache nothing after the worker's own "
+               f"{float(share) - float(kv_auto):.2f} GiB; {util:.2f} gives it the {free} GiB available")
     out = _set(current, UTIL, util, why, "gpu_memory_utilization_free")
     if planned is None:     # the plan's length at the share chosen here
         planned = _plan(ctx, out.flags, total_gib=total, free_gib=free, context_bytes=context)
@@ -479,8 +549,11 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
         now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
         target = vllm.default_utilization(ctx.vllm_version)
         if ctx.gpu_free_gib and ctx.gpu_total_gib:
-            target = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
-                                            margin=rules.utilization_margin)
+            # the most vLLM can take from what is free, and before 0.20 less the room for the CUDA graphs
+            # it captures outside its share (the plan's room, which this step must not take back)
+            most = utilization_under_free(ctx.gpu_free_gib * GiB, ctx.gpu_total_gib * GiB,
+                                          margin=rules.utilization_margin)
+            target, _ = _share_under_free(current, ctx, most, free_gib=ctx.gpu_free_gib, total_gib=ctx.gpu_total_gib)
         asked = ctx.requested.get_float(UTIL)
         if asked is not None:
             target = min(target, asked)     # a share the user set is a ceiling (a shared GPU's neighbours)
@@ -606,6 +679,9 @@ def _oom_weights(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
     step = _no_kv_step("cpu_offload", d, current, ctx)
     if step is not None:
         return Relaunch(step.flags, step.changes, step.why, step="oom_weights:cpu_offload")
+    if d.phase == UNKNOWN_PHASE:     # nothing placed the OOM: say so, not that the weights were the cause
+        return GiveUp("CUDA ran out of memory and nothing in the log says where; read as the start-up's first "
+                      "phase, the model's weights may not fit in GPU memory", EX_TEMPFAIL, ADVICE)
     return GiveUp("the model's weights do not fit in GPU memory", EX_TEMPFAIL, ADVICE)
 
 

@@ -277,7 +277,8 @@ class Session:
             ahead = remedy.plan_ahead(fit.expect, flags, self._context())
             if ahead is not None:
                 flags = ahead.flags
-                changes += [replace(c, why=f"{fit.expect} expected: {c.why}") for c in ahead.changes]
+                changes = list(remedy.combined(changes, [replace(c, why=f"{fit.expect} expected: {c.why}")
+                                                         for c in ahead.changes]))
         for c in changes:
             self._note(c.flag, c.new, c.why, "plan")
         if changes:

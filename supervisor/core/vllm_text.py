@@ -472,6 +472,18 @@ def level_word(line: bytes) -> bytes | None:
     return m.group(1) if m is not None else None
 
 
+def _json_closed(text: str) -> bool:
+    """Whether a JSON log line put together from a terminal's wrapped pieces is whole: a piece may end
+    with a brace of the message's own text (``{'GPU': 1.0}``), so only a parse says."""
+    if not text.rstrip().endswith("}"):
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _json_message(text: str) -> tuple[str, str | None, str | None, bool] | None:
     """(message, time, stream, partial) of a JSON log line; None for other JSON (the guard's own records)."""
     try:
@@ -610,6 +622,7 @@ _JOIN_CAP = 8000                 # a re-assembled wrapped record never grows pas
 _HOLD = 64                       # entries held while the order of a time-stamped log is not yet known
 _HOLD_MAX = 200_000              # entries kept of a newest-first paste (the newest; older ones are dropped)
 _PARTIAL_CAP = 1 << 20           # a CRI partial line joined up to this many characters
+_JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is given up at this many characters
 
 
 class Normalizer:
@@ -739,10 +752,10 @@ class Normalizer:
         seg = self._dedent(seg)
         width = len(seg)
         c = seg[:1]
-        if self._json_buf or (c == "{" and seg[:2] == '{"' and not seg.rstrip().endswith("}")):
+        if self._json_buf or (c == "{" and seg[:2] == '{"' and not _json_closed(seg)):
             # a JSON log line the terminal wrapped: its pieces until the object closes
             self._json_buf += seg
-            if not self._json_buf.rstrip().endswith("}") and len(self._json_buf) < _PARTIAL_CAP:
+            if not _json_closed(self._json_buf) and len(self._json_buf) < _JSON_WRAP_CAP:
                 return
             seg, self._json_buf = self._json_buf, ""
             c = "{"

@@ -20,6 +20,7 @@ from typing import Any
 
 from supervisor.errors import ConfigError
 from supervisor.named_files import read_named_optional
+from supervisor.shell import signalling  # every signal goes through it (stdlib and psutil only)
 
 
 @dataclass(frozen=True)
@@ -223,11 +224,11 @@ def _bounded_output(argv: Sequence[str], env: Mapping[str, str], timeout: float,
             if size > limit:
                 break
     if not ok:
-        proc.kill()
+        signalling.kill_child(proc)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        signalling.kill_child(proc)
     proc.stdout.close()
     return b"".join(chunks) if ok else None
 

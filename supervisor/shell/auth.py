@@ -1,9 +1,9 @@
-"""The status endpoint's bearer token, and redaction of secrets from anything the guard shows.
+"""The status endpoint's bearer token and its bind policy.
 
 A token comes from ``VLLM_GUARD_TOKEN`` or a token file (both "explicit"); without either, one is
-generated into the state dir with mode 0600. Redaction works on argv lists, environments, free
-text and whole ``/status`` snapshots, so no ``--api-key``, ``HF_TOKEN`` or bearer token leaks
-into the status JSON, the logs or the metrics.
+generated into the state dir with mode 0600. Every token is registered as a secret
+(:mod:`supervisor.secrets`, which masks it, and every other secret, wherever the guard shows,
+keeps or sends anything).
 """
 
 from __future__ import annotations
@@ -12,42 +12,26 @@ import contextlib
 import hmac
 import ipaddress
 import os
-import re
 import secrets
-import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from supervisor.config import ConfigError
 from supervisor.errors import StateError
 from supervisor.named_files import read_named_file
+from supervisor.secrets import MASK as MASK  # re-exported for callers on other branches
+from supervisor.secrets import REGISTRY
+from supervisor.secrets import argv_secrets as argv_secrets
+from supervisor.secrets import is_secret_name as is_secret_name
+from supervisor.secrets import restore_masked as restore_masked
 from supervisor.shell.statefiles import write_secret_file
 
 log = structlog.get_logger("vllm_guard.auth")
 
 TOKEN_ENV = "VLLM_GUARD_TOKEN"
 TOKEN_FILE_NAME = "token"
-MASK = "***"
-
-# Words that make a flag or variable name secret. Whole words only: --max-num-batched-tokens,
-# --tokenizer and TOKENIZERS_PARALLELISM are not secrets.
-_SECRET_WORDS = frozenset(
-    {"token", "key", "apikey", "secret", "password", "passwd", "credential", "credentials", "auth"}
-)
-_WORD_SPLIT = re.compile(r"[-_.\s]+")
-# Well-known token shapes, caught even when nobody registered them.
-_PATTERNS = [
-    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),                          # Hugging Face
-    re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),                        # OpenAI-style API keys
-    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"),         # Authorization headers
-]
-
-_known: set[str] = set()
-_known_lock = threading.Lock()
-
 
 class TokenError(ConfigError):
     """The token file is missing, unreadable or empty."""
@@ -78,7 +62,7 @@ def resolve_token(state_dir: str, token_file: str, environ: Mapping[str, str]) -
     """
     env = environ.get(TOKEN_ENV, "").strip()
     if env:
-        register_secret(env)
+        REGISTRY.add(env)
         return env, None, True
     if token_file:
         token = _read_token(token_file)
@@ -86,11 +70,11 @@ def resolve_token(state_dir: str, token_file: str, environ: Mapping[str, str]) -
             if os.stat(token_file).st_mode & 0o077:
                 log.warning("token file is readable by other users; chmod 600 it",
                             token_file=token_file)
-        register_secret(token)
+        REGISTRY.add(token)
         return token, None, True
     path = str(Path(state_dir) / TOKEN_FILE_NAME)
     token = secrets.token_urlsafe(32)
-    register_secret(token)
+    REGISTRY.add(token)
     try:
         write_secret_file(path, token + "\n")
     except (OSError, StateError) as e:      # a full disk: the endpoint still works; clients need the token
@@ -155,160 +139,14 @@ def check_bind(host: str, explicit_token: bool, token: str) -> None:
         )
 
 
-# -- redaction ------------------------------------------------------------------------------------
+# -- redaction: the registry is supervisor.secrets -------------------------------------------------
+# These names are kept for callers on other branches of this round; new code uses
+# ``supervisor.secrets.REGISTRY`` and the functions there directly.
 
-def known_secrets() -> list[str]:
-    """The secret values registered so far (for masking vLLM's own passed-through lines)."""
-    with _known_lock:
-        return sorted(_known, key=len, reverse=True)
-
-
-def register_secret(value: str | None) -> None:
-    """Remember a secret value so redact_text() masks it wherever it appears."""
-    if value and len(value) >= 4:  # masking a 1-3 character "secret" would shred ordinary text
-        with _known_lock:
-            _known.add(value)
-
-
-def register_env_secrets(environ: Mapping[str, str]) -> None:
-    """Register the values of secret-named variables (HF_TOKEN, *_API_KEY, ...)."""
-    for name, value in environ.items():
-        if is_secret_name(name):
-            register_secret(value)
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a flag or variable name holds a secret: a whole word token/key/secret/password."""
-    words = {w for w in _WORD_SPLIT.split(name.lower().lstrip("-")) if w}
-    return bool(words & _SECRET_WORDS)
-
-
-def redact_text(text: str, extra: Iterable[str] = ()) -> str:
-    """Mask registered secrets, ``extra`` values and well-known token shapes in free text."""
-    with _known_lock:
-        values = sorted(_known | {v for v in extra if v and len(v) >= 4}, key=len, reverse=True)
-    for value in values:  # longest first, so a secret containing another is masked whole
-        if value in text:
-            text = text.replace(value, MASK)
-    for pattern in _PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + MASK, text)
-    return text
-
-
-def redact_argv(argv: Iterable[str]) -> list[str]:
-    """Mask the values of secret flags: ``--api-key X`` -> ``--api-key ***`` (``=`` form too)."""
-    out: list[str] = []
-    mask_next = False
-    for token in argv:
-        token = str(token)
-        if mask_next:
-            mask_next = False
-            if not token.startswith("--"):
-                out.append(MASK)
-                continue
-        if token.startswith("-") and len(token) > 1:
-            name, eq, _value = token.partition("=")
-            if is_secret_name(name):
-                if eq:
-                    out.append(f"{name}={MASK}")
-                    continue
-                mask_next = True
-        out.append(redact_text(token))
-    return out
-
-
-def redact_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``environ`` with secret-named variables masked."""
-    return {k: (MASK if is_secret_name(k) and v else redact_text(v)) for k, v in environ.items()}
-
-
-def restore_masked(argv: Iterable[str], source: Iterable[str]) -> list[str]:
-    """``argv`` whose masked secret values (``--api-key ***``) are taken back from ``source`` (the
-    user's own flags); a masked value ``source`` does not have is dropped with its flag."""
-    values: dict[str, str] = {}
-    src = [str(t) for t in source]
-    for i, token in enumerate(src):
-        name, eq, value = token.partition("=")
-        if token.startswith("-") and is_secret_name(name):
-            if eq:
-                values[name] = value
-            elif i + 1 < len(src):
-                values[name] = src[i + 1]
-    out: list[str] = []
-    tokens = [str(t) for t in argv]
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name, eq, value = token.partition("=")
-        if token.startswith("-") and is_secret_name(name):
-            masked = value if eq else (tokens[i + 1] if i + 1 < len(tokens) else "")
-            step = 1 if eq else 2
-            if masked == MASK:
-                if name in values:
-                    out += [f"{name}={values[name]}"] if eq else [name, values[name]]
-                i += step
-                continue
-        out.append(token)
-        i += 1
-    return out
-
-
-def argv_secrets(argv: Iterable[str]) -> list[str]:
-    """The values of secret flags in ``argv`` (to mask them wherever else they appear)."""
-    tokens = [str(t) for t in argv]
-    found: list[str] = []
-    for i, token in enumerate(tokens):
-        name, eq, value = token.partition("=")
-        if not token.startswith("-") or not is_secret_name(name):
-            continue
-        if eq:
-            found.append(value)
-        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-            found.append(tokens[i + 1])
-    return found
-
-
-def _harvest(obj: Any, into: list[str]) -> None:
-    if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            if isinstance(k, str) and is_secret_name(k) and isinstance(v, str):
-                into.append(v)
-            _harvest(v, into)
-    elif isinstance(obj, (list, tuple)):
-        if all(isinstance(x, str) for x in obj):
-            into.extend(argv_secrets(obj))
-        else:
-            for x in obj:
-                _harvest(x, into)
-
-
-def redact_obj(obj: Any, extra: Iterable[str] = ()) -> Any:
-    """Redact a JSON-like tree: secret-named keys masked, argv-like lists and strings scrubbed.
-
-    Secret values found anywhere in the tree (an ``--api-key`` in one argv) are masked
-    everywhere else too (the same key quoted in a changed-flags entry or an evidence line).
-    """
-    found: list[str] = list(extra)
-    _harvest(obj, found)
-    return _redact(obj, tuple(found))
-
-
-def _redact(obj: Any, extra: tuple[str, ...]) -> Any:
-    if isinstance(obj, Mapping):
-        out: dict[Any, Any] = {}
-        for k, v in obj.items():
-            if isinstance(k, str) and is_secret_name(k) and isinstance(v, (str, bytes)) and v:
-                out[k] = MASK
-            elif isinstance(k, str) and k.lower() in ("env", "environ", "environment") and isinstance(v, Mapping):
-                out[k] = {ek: (MASK if is_secret_name(str(ek)) and ev else _redact(ev, extra))
-                          for ek, ev in v.items()}
-            else:
-                out[k] = _redact(v, extra)
-        return out
-    if isinstance(obj, (list, tuple)):
-        if obj and all(isinstance(x, str) for x in obj) and any(x.startswith("-") for x in obj):
-            return [redact_text(x, extra) for x in redact_argv(obj)]
-        return [_redact(x, extra) for x in obj]
-    if isinstance(obj, str):
-        return redact_text(obj, extra)
-    return obj
+known_secrets = REGISTRY.values
+register_secret = REGISTRY.add
+register_env_secrets = REGISTRY.add_environ
+redact_text = REGISTRY.text
+redact_argv = REGISTRY.argv
+redact_env = REGISTRY.environ
+redact_obj = REGISTRY.obj

@@ -8,13 +8,13 @@ lines ``vllm-guard diagnose`` reads from a file), so memory stays bounded whatev
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from supervisor.core.vllm_text import LineSplitter
-from supervisor.shell import procs
+from supervisor.shell import procs, signalling
+from supervisor.shell.signalling import Proc
 
 CHUNK = 64 * 1024       # bytes read from a pipe at a time
 
@@ -33,8 +33,9 @@ class Child:
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.pgid: int | None = None
+        self.leader: Proc | None = None       # the direct child, pinned at spawn
         self._readers: list[asyncio.Task[None]] = []
-        self.tree: dict[int, float] = {}      # pid -> create_time of every process seen in the launch
+        self.tree: dict[int, Proc] = {}       # every process seen in the launch, by pid
 
     async def start(self) -> None:
         """Spawn; raises OSError (e.g. the command does not exist)."""
@@ -45,12 +46,17 @@ class Child:
             stderr=asyncio.subprocess.PIPE,
             env=self.env,
             start_new_session=True,          # own session and process group
-            preexec_fn=procs.preexec_pdeathsig,
+            preexec_fn=signalling.die_with_parent,
         )
         self.pid = self.proc.pid
         self.pgid = self.proc.pid
-        if self.state_dir:
-            procs.record_launch(self.state_dir, self.pid, self.pgid)
+        # Our unreaped child: its pid cannot be reissued yet, so this is its identity (None only
+        # when it exited and was reaped already).
+        self.leader = Proc.live(self.pid)
+        if self.leader is not None:
+            self.tree[self.pid] = self.leader
+            if self.state_dir:
+                procs.record_launch(self.state_dir, self.leader, self.pgid)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self._readers = [
             asyncio.create_task(self._pump(self.proc.stdout, "stdout")),
@@ -74,70 +80,58 @@ class Child:
     def remember_tree(self, record: bool = True) -> None:
         """Note the launch's processes now (engine and workers), to end or watch them later; ``record``:
         in ``launch.json`` too, for the next guard if this one is SIGKILLed."""
-        if self.pid is None:
+        if self.leader is None:
             return
-        tree = procs.snapshot_tree(self.pid)
+        tree = signalling.snapshot_tree(self.leader)
         for p in tree:
-            try:
-                self.tree.setdefault(p.pid, p.create_time())
-            except Exception:
-                continue
-        if self.state_dir and record:
+            self.tree.setdefault(p.pid, p)
+        if self.state_dir and tree and record:
             # A second way for the next guard to find them if this one is SIGKILLed.
             procs.note_tree(self.state_dir, tree)
 
     def lost_processes(self) -> list[int]:
         """Pids of the launch's recorded processes that are gone (e.g. the engine died)."""
-        import psutil
-
-        gone = []
-        for pid, created in self.tree.items():
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() != created or p.status() == psutil.STATUS_ZOMBIE:
-                    gone.append(pid)
-            except psutil.NoSuchProcess:
-                gone.append(pid)
-            except psutil.Error:
-                continue
-        return gone
+        return signalling.lost(self.tree.values())
 
     @property
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.returncode
 
     async def wait(self) -> int:
+        """The direct child's exit status, as soon as it has exited.
+
+        asyncio's ``Process.wait()`` returns only once the child's pipes are closed too, and an
+        orphaned engine holds them (it inherited them): vLLM's API server can be long dead while
+        ``wait()`` still waits. The status itself is known as soon as asyncio reaps the child, so
+        it is read from ``returncode``, polled at 20 Hz beside the ``wait()``."""
         assert self.proc is not None
-        return await self.proc.wait()
+        waiter = asyncio.ensure_future(self.proc.wait())
+        try:
+            while self.proc.returncode is None and not waiter.done():
+                await asyncio.wait({waiter}, timeout=0.05)
+            return self.proc.returncode if self.proc.returncode is not None else waiter.result()
+        finally:
+            waiter.cancel()
 
     async def stop(self, grace: float, hurry: threading.Event | None = None) -> int | None:
-        """SIGTERM the group and every process of the launch, SIGKILL after ``grace`` (at once when
-        ``hurry`` is set), reap."""
+        """End every process of the launch (the group while its leader lives, each recorded process,
+        each carrying our marker): SIGTERM, SIGKILL after ``grace`` (at once when ``hurry`` is set,
+        or for a stopped process), reap."""
         if self.proc is None:
             return None
-        import psutil
-
         self.remember_tree(record=False)     # signal first; the disk is written after (it may be full or slow)
-        victims = []
-        for pid, created in self.tree.items():
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() == created:
-                    victims.append(p)
-            except psutil.Error:
-                continue
-        if self.state_dir:
-            victims.extend(p for p in procs.marked_processes(self.state_dir)
-                           if p.pid not in {v.pid for v in victims})
-        await procs.end_processes_async(victims, self.pgid, grace, hurry)
+        state_dir = self.state_dir
+        find = (lambda: procs.marked_processes(state_dir)) if state_dir else None
+        victims = list(self.tree.values())
+        if find is not None:
+            victims.extend(p for p in find() if p.pid not in self.tree)
+        await signalling.end_async(victims, self.pgid, grace, hurry, find)
         try:
-            code = await asyncio.wait_for(self.proc.wait(), timeout=max(grace, 1.0) + 5)
+            code = await asyncio.wait_for(self.wait(), timeout=max(grace, 1.0) + 5)
         except TimeoutError:     # pragma: no cover - the kernel did not reap after SIGKILL
-            try:
-                os.killpg(self.pgid or self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            code = await self.proc.wait()
+            if self.leader is not None:
+                signalling.send(self.leader, signal.SIGKILL)
+            code = await self.wait()
         await self.drain()
         if self.state_dir:
             procs.clear_launch(self.state_dir)

@@ -29,7 +29,7 @@ import structlog
 from supervisor import facts as machine
 from supervisor.config import GuardConfig, default_state_dir
 from supervisor.core.diagnosis import Diagnosis, Kind
-from supervisor.core.flags import Flags
+from supervisor.core.flags import Flags, secrets_to_environ
 from supervisor.core.lifecycle import State
 from supervisor.core.progress import Progress, last_failure, seconds_text, summary
 from supervisor.core.session import FAILED, STOPPED, End, Launch, Outcome, Session
@@ -37,6 +37,7 @@ from supervisor.errors import EX_SOFTWARE, EX_TEMPFAIL, ConfigError, GuardError,
 from supervisor.facts import preflight
 from supervisor.facts.nvml import NvmlProvider
 from supervisor.facts.vllm_install import require_command
+from supervisor.secrets import REGISTRY, argv_secrets
 from supervisor.shell import auth, learned, procs, sdnotify
 from supervisor.shell.child import Child
 from supervisor.shell.diskfaults import DISK_FAULTS
@@ -82,6 +83,7 @@ class Guard:
         self._lock: StateDirLock | None = None
         self._keys: learned.StoreKeys | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._warned_visible = False
         self.progress: Progress | None = None   # the current launch's, in words
         self._stop_asked: tuple[float, str] | None = None   # when the first stop came, and what kills now
         self._told: tuple[str, float] = ("", 0.0)            # systemd's last STATUS= and when
@@ -137,13 +139,13 @@ class Guard:
             fault = isinstance(e, OSError) and e.errno in DISK_FAULTS
             raise Refused(f"cannot use the state dir {self.state_dir}: {getattr(e, 'strerror', None) or e}",
                           EX_TEMPFAIL if fault else None) from None
-        auth.register_env_secrets(self.environ)
-        for value in [*auth.argv_secrets(cfg.vllm_args), cfg.requested_flags().get("--api-key")]:
-            auth.register_secret(value)
-        self.output = VllmOutput(self.state_dir, secrets=auth.known_secrets(), quiet=cfg.quiet, live=self.live)
+        REGISTRY.add_environ(self.environ)
+        REGISTRY.add_argv(cfg.vllm_args)
+        REGISTRY.add_argv(cfg.vllm_file_args)        # vLLM's --config YAML, as the arguments vLLM makes of it
+        self.output = VllmOutput(self.state_dir, quiet=cfg.quiet, live=self.live)
         for p in procs.sweep_orphans(self.state_dir, grace=min(cfg.stop_grace, 10.0)):
             log.warning(f"ended a process left by a previous guard: pid {p.get('pid')} "
-                        f"{p.get('name')} ({auth.redact_text(' '.join(p.get('cmdline') or []))[:120]})")
+                        f"{p.get('name')} ({REGISTRY.text(' '.join(REGISTRY.argv(p.get('cmdline') or [])))[:120]})")
         holder = procs.port_holder(self.host, self.port, ours=procs.state_id(self.state_dir))
         if holder is not None:
             raise Refused(f"{holder}; stop it or give vLLM another --port (no launch was made)")
@@ -258,11 +260,14 @@ class Guard:
         marker = f"{procs.state_id(self.state_dir)}:{n}"
         prober = Prober(self.host, self.port, flags.get("--served-model-name") or c.model,
                         api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"), timeout=c.health.timeout,
-                        identity=lambda port, client: answered_by(child.pid, marker, port, client))
+                        identity=lambda port, client: answered_by(child.leader, marker, port, client))
         hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy, on_probe=self.report.probe,
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
-        self.child = child = Child(argv, env, lambda line, stream: None, state_dir=self.state_dir)
+        run_argv, moved = secrets_to_environ(argv, env)     # out of `ps`: into vLLM's own environment
+        env.update(moved)
+        self._warn_visible_secrets(run_argv)
+        self.child = child = Child(run_argv, env, lambda line, stream: None, state_dir=self.state_dir)
         bounds = s.check_auto_fit if flags.auto_length() else None      # asked per line: only where it applies
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
                                           bounds=bounds, hurry=self._hurry, clean=self.output.mask,
@@ -286,6 +291,15 @@ class Guard:
                 return await watcher.run()
         finally:
             await prober.aclose()
+
+    def _warn_visible_secrets(self, argv: list[str]) -> None:
+        """Once: secret values that must stay on vLLM's command line can be read by every local user."""
+        if self._warned_visible or not argv_secrets(argv):
+            return
+        self._warned_visible = True
+        log.warning("vLLM's command line holds secret values (several API keys, or a secret flag vLLM "
+                    "reads nowhere else); every local user can read a command line (ps). Give one API key (the "
+                    "guard then passes it in VLLM_API_KEY), or mount /proc with hidepid=2")
 
     async def _shutdown(self) -> None:
         """Stop vLLM (if running) before the endpoint and the lock go; tell systemd."""

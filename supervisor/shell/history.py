@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from supervisor.shell import auth
+from supervisor.secrets import REGISTRY
 from supervisor.shell.statelog import AppendLog, read_lines
 
 HISTORY_FILE = "history.jsonl"
@@ -47,7 +47,7 @@ class History:
     def started(self, n: int, argv: list[str], changed: dict[str, Any]) -> dict[str, Any]:
         """A launch begins: its number, redacted argv and the flags changed from the user's, with why."""
         record: dict[str, Any] = {
-            "run": self.run_id, "model": self.model, "n": n, "argv": auth.redact_argv(argv),
+            "run": self.run_id, "model": self.model, "n": n, "argv": REGISTRY.argv(argv),
             "changed_flags": changed, "started_at": time.time(), "ended_at": None, "outcome": "running",
             "pid": None, "kind": None, "evidence": None, "phase": None, "exit_code": None, "exit": None,
             "time_to_healthy_s": None, "measured": {}}
@@ -74,7 +74,7 @@ class History:
             return
         record.update(ended_at=time.time(), outcome=outcome, exit_code=exit_code, exit=exit_text or None)
         if kind is not None:
-            record.update(kind=kind, evidence=auth.redact_text(evidence), phase=phase,
+            record.update(kind=kind, evidence=REGISTRY.text(evidence), phase=phase,
                           numbers={k: v for k, v in (numbers or {}).items() if not isinstance(v, (dict, list))})
         if numbers:
             record["measured"] = {**record["measured"], **_measured(numbers)}
@@ -83,7 +83,7 @@ class History:
     def gave_up(self, message: str, exit_code: int, kind: str | None) -> None:
         """This guard gave up: kept so the next guard (and its metrics) know when."""
         self._write({"run": self.run_id, "model": self.model, "n": None, "event": "gave_up", "at": time.time(),
-                     "exit_code": exit_code, "kind": kind, "message": auth.redact_text(message)})
+                     "exit_code": exit_code, "kind": kind, "message": REGISTRY.text(message)})
 
     def last_gave_up(self) -> float | None:
         """When a guard on this state dir last gave up (Unix time), from the file; None: never."""
@@ -96,7 +96,7 @@ class History:
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
             return
-        self._file.write(json.dumps(auth.redact_obj(record), default=str).encode("utf-8", "replace"))
+        self._file.write(json.dumps(REGISTRY.obj(record), default=str).encode("utf-8", "replace"))
         self._file.flush()          # one record at a time: a torn file keeps every whole line before it
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any, TextIO, cast
 
 import structlog
 
-from supervisor.shell import auth
+from supervisor.secrets import REGISTRY
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR, "critical": logging.CRITICAL}
@@ -25,7 +25,7 @@ _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critic
 
 def redact_event(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     """structlog processor: mask secret fields and secret values in every event."""
-    return cast(dict[str, Any], auth.redact_obj(event))
+    return cast(dict[str, Any], REGISTRY.obj(event))
 
 
 def _journald_prefix(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +88,13 @@ class _Tolerant:
         return self._stream.fileno()
 
 
+class _MaskingFormatter(logging.Formatter):
+    """The libraries' records (httpx, asyncio: a traceback may quote a URL or a payload), masked too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return REGISTRY.text(super().format(record))
+
+
 def configure_logging(json: bool | None = None, level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog (and the stdlib root logger) once: JSON unless ``stream`` is a TTY.
 
@@ -99,7 +106,7 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
     stream = sys.stderr if stream is None else stream
     as_json = (not _isatty(stream)) if json is None else json
     journal = as_json and on_journal(stream)
-    auth.register_env_secrets(os.environ)
+    REGISTRY.add_environ(os.environ)
 
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -130,6 +137,6 @@ def configure_logging(json: bool | None = None, level: str = "info", stream: Tex
             root.removeHandler(handler)
     handler = logging.StreamHandler(out)
     handler._vllm_guard = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(max(LEVELS[level.lower()], logging.WARNING))

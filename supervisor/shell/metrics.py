@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from supervisor import __version__
 from supervisor.core.lifecycle import State
+from supervisor.secrets import REGISTRY
 
 #: The guard's states, in the order the ``vllm_guard_state`` enum lists them.
 STATES = tuple(s.value for s in State)
@@ -24,6 +25,7 @@ STATES = tuple(s.value for s in State)
 _HEALTHY_BUCKETS = (5, 10, 20, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600, math.inf)
 _PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, math.inf)
 _LABEL = re.compile(r"[^a-z0-9_]+")
+WEBHOOK_RESULTS = ("sent", "failed", "dropped")
 
 
 def _label(value: str) -> str:
@@ -71,6 +73,10 @@ class Metrics:
         self._last_latency = Gauge(
             "vllm_guard_last_probe_latency_seconds", "Latency of the last health probe", registry=r)
         self._probes = Counter("vllm_guard_probes", "Health probes, by result", ["result"], registry=r)
+        self._webhook = Counter("vllm_guard_webhook_events", "Webhook events, by result: sent, failed (after "
+                                "every retry), dropped (the queue of waiting events was full)", ["result"], registry=r)
+        for result in WEBHOOK_RESULTS:
+            self._webhook.labels(result=result)
         for gauge in (self._served, self._requested, self._fit, self._utilization, self._last_failure):
             gauge.set(math.nan)
         self._gave_up.set(0)
@@ -115,6 +121,10 @@ class Metrics:
         if ok:
             self._probe_latency.observe(max(0.0, latency_s))
 
+    def webhook(self, result: str) -> None:
+        """Count one webhook event by how it ended (one of :data:`WEBHOOK_RESULTS`)."""
+        self._webhook.labels(result=result if result in WEBHOOK_RESULTS else "failed").inc()
+
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition: ``(body, content_type)``."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return REGISTRY.line(generate_latest(self.registry)), CONTENT_TYPE_LATEST

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.core.vllm_text import level_word
+from supervisor.secrets import REGISTRY
 from supervisor.shell.logs import on_journal
 from supervisor.shell.statelog import AppendLog, open_follow, read_lines, same_file
 
@@ -63,7 +64,8 @@ class VllmOutput:
         self.path = Path(state_dir) / LOG_FILE if state_dir else None
         self._file = AppendLog(self.path, MAX_BYTES) if self.path is not None else None
         self.quiet, self.live = quiet, live
-        self.secrets = sorted({s.encode() for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        for secret in secrets:
+            REGISTRY.add(secret)
         self._journal = {"stdout": on_journal(sys.stdout), "stderr": on_journal(sys.stderr)}
         self._level = {"stdout": _INFO, "stderr": _INFO}
         self._through = not quiet and live is None           # lines go through to the guard's stdout/stderr
@@ -73,11 +75,8 @@ class VllmOutput:
         self._scheduled = False
 
     def mask(self, line: bytes) -> bytes:
-        """``line`` with every known secret replaced by ``***``."""
-        for secret in self.secrets:
-            if secret in line:
-                line = line.replace(secret, b"***")
-        return line
+        """``line`` with every secret masked (the registry as it is now, and the known shapes)."""
+        return REGISTRY.line(line)
 
     def launch(self, n: int, argv_text: str) -> None:
         """Mark the start of launch ``n`` in the ring file."""

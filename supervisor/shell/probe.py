@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor.shell import procs
+from supervisor.shell import procs, signalling
+from supervisor.shell.signalling import Proc
 
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
 
@@ -71,9 +72,10 @@ def _serves(c: Any, port: int, client_port: int | None) -> bool:
     return bool(c.status == psutil.CONN_LISTEN)
 
 
-def answered_by(root_pid: int | None, marker: str, port: int, client_port: int | None) -> tuple[bool | None, str]:
+def answered_by(root: Proc | int | None, marker: str, port: int,
+                client_port: int | None) -> tuple[bool | None, str]:
     """Whether the server that answered the probe on ``port`` belongs to this launch: ``(True, "")``
-    when a process of the launch's tree (``root_pid`` and its descendants) holds the server end of
+    when a process of the launch's tree (``root`` and its descendants) holds the server end of
     the probe's connection (from ``client_port``; without it, a socket listening on the port);
     ``(False, who)`` when another process does; ``(None, why)`` when it cannot be told. Blocking
     (reads /proc): run it off the event loop.
@@ -82,7 +84,8 @@ def answered_by(root_pid: int | None, marker: str, port: int, client_port: int |
     answer is not theirs: then once, to name who gave it (a process carrying the launch's ``marker``
     that started after the tree was read is this launch's too).
     """
-    tree = procs.snapshot_tree(root_pid) if root_pid else []
+    leader = Proc.live(root) if isinstance(root, int) and root > 0 else root if isinstance(root, Proc) else None
+    tree = [h for q in signalling.snapshot_tree(leader) if (h := q.psutil()) is not None] if leader else []
     for p in tree:
         try:
             if any(_serves(c, port, client_port) for c in _connections(p)):

@@ -24,7 +24,7 @@ from supervisor.core.flags import UTILIZATION, Flags
 from supervisor.core.lifecycle import State
 from supervisor.core.progress import Progress, last_failure, probe_text, summary
 from supervisor.core.session import DIED, FAILED, End, FlagNote, Launch, Outcome, Session
-from supervisor.shell import auth
+from supervisor.secrets import REGISTRY
 from supervisor.shell.history import History, run_id
 from supervisor.shell.metrics import Metrics
 from supervisor.shell.probe import ProbeResult, probe_host
@@ -51,7 +51,7 @@ class Report:
         self.cfg = cfg
         self.metrics = Metrics()
         self.history = History(state_dir, model=cfg.model, run_id=run_id())
-        self.webhook = webhook or Webhook(cfg.notify_url, model=cfg.model)
+        self.webhook = webhook or Webhook(cfg.notify_url, model=cfg.model, on_result=self.metrics.webhook)
         self.started_wall, self.started = time.time(), time.monotonic()
         self.context: dict[str, int | None] = {}
         self.healthy_since: float | None = None
@@ -68,7 +68,7 @@ class Report:
     # -- events ---------------------------------------------------------------------------------
     def launching(self, n: int, argv: list[str], notes: dict[str, FlagNote]) -> str:
         """Launch ``n`` starts; returns its command line as shown (secrets masked)."""
-        shown = shlex.join(auth.redact_argv(argv))
+        shown = shlex.join(REGISTRY.argv(argv))
         self.history.started(n, argv, _notes(notes))
         log.info(f"launch {n}: {shown}", launch=n)
         return shown
@@ -179,8 +179,8 @@ class Report:
             "vllm": {"host": host, "port": port, "version": s.vllm_version if s else None, "url": url},
             "progress": progress,
             "last_failure": failure,
-            "argv": auth.redact_argv(cfg.launch_argv(current)),
-            "requested_args": auth.redact_argv(list(cfg.vllm_args)),
+            "argv": REGISTRY.argv(cfg.launch_argv(current)),
+            "requested_args": REGISTRY.argv(list(cfg.vllm_args)),
             "changed_flags": _notes(s.notes) if s is not None else {},
             "flags_source": s.flags_source if s else "user",
             "launches": [dict(r) for r in self.history.records],

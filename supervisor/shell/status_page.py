@@ -67,6 +67,7 @@ svg{display:block;width:100%;height:auto}
 .legend .seg-non_torch{background:#8e8e8e}.legend .seg-cudagraph{background:#e67e22}
 .legend .seg-overhead{background:#b07cc6}.legend .seg-other_processes{background:#c0392b}
 .legend .seg-kv_cache{background:#27ae60}.legend .seg-unused{background:#e3e6ea}
+.seg-runtime{fill:#b07cc6}.legend .seg-runtime{background:#b07cc6}
 .controls{display:flex;gap:8px;flex-wrap:wrap;align-items:center}
 input{font:inherit;padding:4px 8px;border:1px solid var(--line);border-radius:4px;min-width:16em}
 button{font:inherit;padding:4px 12px;border-radius:4px;border:1px solid #2764c5;background:#2764c5;color:#fff;cursor:pointer}

@@ -37,6 +37,7 @@ import h11
 import structlog
 
 from supervisor import __version__
+from supervisor.secrets import REGISTRY
 from supervisor.shell import auth, status_page
 from supervisor.shell.metrics import Metrics
 
@@ -91,7 +92,7 @@ class StatusServer:
         self._server: asyncio.base_events.Server | None = None
         self._reading: dict[asyncio.Task[None], float] = {}   # connections still sending: task -> start
         self._tasks: set[asyncio.Task[None]] = set()
-        auth.register_secret(token)
+        REGISTRY.add(token)
         self.routes: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in (
             Route("GET", "/", self._page),
             Route("GET", "/status", self._status),
@@ -270,7 +271,7 @@ class StatusServer:
 
     def _snapshot(self) -> dict[str, Any]:
         """The guard's snapshot, redacted once (the token too) for every route that shows it."""
-        return cast(dict[str, Any], auth.redact_obj(self.snapshot(), (self.token,)))
+        return cast(dict[str, Any], REGISTRY.obj(self.snapshot(), (self.token,)))
 
     def _page(self, request: h11.Request, target: str) -> Reply:
         try:

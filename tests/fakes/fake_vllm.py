@@ -212,12 +212,15 @@ def build_parser(version: str, serve: bool) -> _Parser:
             kw["type"] = int
         elif flag in ("--gpu-memory-utilization", "--cpu-offload-gb", "--swap-space"):
             kw["type"] = float
-        if flag in ("--served-model-name", "--lora-modules", "--middleware", "--allowed-origins"):
+        if flag in ("--served-model-name", "--lora-modules", "--middleware", "--allowed-origins") \
+                or (flag == "--api-key" and v >= (0, 10, 1)):      # api_key: list[str] since 0.10.1
             kw["nargs"] = "+"
         if flag == "--enable-chunked-prefill":
             kw["nargs"] = "?"
             kw["const"] = "True"
         p.add_argument(*names, dest=flag, **kw)
+    if v >= (0, 8, 0):       # hf_token: bool | str | None -> nargs="?" (alone: the cached login)
+        p.add_argument("--hf-token", dest="--hf-token", nargs="?", const=True, default=None)
     for flag in _ALWAYS_BOOL:
         if not _present(flag, v):
             continue
@@ -277,7 +280,8 @@ class Launch:
         self.served = names[0] if names else model
         self.host = d.get("--host")
         self.port = int(d.get("--port", 8000))
-        self.api_key = d.get("--api-key") or os.environ.get("VLLM_API_KEY")
+        keys = d.get("--api-key") or os.environ.get("VLLM_API_KEY")
+        self.api_keys = [keys] if isinstance(keys, str) else list(keys or [])
         self.argv = argv
 
     def non_default_args(self) -> dict:
@@ -1471,10 +1475,10 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _authorised(self) -> bool:
-        key = self.api.launch.api_key
-        if not key or not self.path.startswith("/v1"):
+        keys = self.api.launch.api_keys
+        if not keys or not self.path.startswith("/v1"):
             return True
-        if self.headers.get("Authorization", "") == f"Bearer {key}":
+        if self.headers.get("Authorization", "") in {f"Bearer {key}" for key in keys}:
             return True
         self._send(401, {"error": "Unauthorized"})
         return False

@@ -153,7 +153,7 @@ def marked(state_dir: Path | None = None) -> list[psutil.Process]:
     from supervisor.shell import procs
 
     if state_dir is not None:
-        return procs.marked_processes(str(state_dir))
+        return [h for p in procs.marked_processes(str(state_dir)) if (h := p.psutil()) is not None]
     out = []
     for p in psutil.process_iter():
         try:

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.shell import procs
+from supervisor.shell import procs, signalling
+from supervisor.shell.signalling import Proc
 
 ROOT = Path(__file__).resolve().parents[2]
 FORKER = str(ROOT / "tests" / "fakes" / "forker.py")
@@ -92,6 +93,12 @@ def lookalike(tracked, env) -> psutil.Process:
     return proc
 
 
+def tree_of(pid: int) -> list[Proc]:
+    root = Proc.live(pid)
+    assert root is not None
+    return signalling.snapshot_tree(root)
+
+
 def unmarked_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != procs.MARKER}
 
@@ -122,11 +129,11 @@ def test_state_id_is_stable_per_resolved_path(tmp_path):
 
 def test_sigterm_ignoring_tree_is_killed_after_the_grace_and_the_child_reaped(tracked):
     p, (child, engine) = spawn(tracked, "--engine", "--ignore-term", "--engine-ignore-term")
-    tree = procs.snapshot_tree(child)
+    tree = tree_of(child)
     assert {x.pid for x in tree} == {child, engine}
 
     t0 = time.monotonic()
-    ended = procs.end_processes(tree, child, grace=1.0)
+    ended = signalling.end(tree, child, grace=1.0)
     elapsed = time.monotonic() - t0
 
     assert sorted(ended) == sorted([child, engine])
@@ -139,7 +146,7 @@ def test_sigterm_ignoring_tree_is_killed_after_the_grace_and_the_child_reaped(tr
 def test_a_tree_that_obeys_sigterm_ends_without_waiting_the_grace(tracked):
     p, (child, engine) = spawn(tracked, "--engine")
     t0 = time.monotonic()
-    ended = procs.end_processes(procs.snapshot_tree(child), child, grace=30.0)
+    ended = signalling.end(tree_of(child), child, grace=30.0)
     assert sorted(ended) == sorted([child, engine])
     assert time.monotonic() - t0 < 10.0
     assert p.poll() is not None or not psutil.pid_exists(child)
@@ -147,24 +154,24 @@ def test_a_tree_that_obeys_sigterm_ends_without_waiting_the_grace(tracked):
 
 def test_the_group_catches_a_member_missing_from_the_list(tracked):
     p, (child, engine) = spawn(tracked, "--engine", "--engine-ignore-term")
-    ended = procs.end_processes([psutil.Process(child)], child, grace=0.5)
+    ended = signalling.end([Proc.live(child)], child, grace=0.5)
     assert engine in ended
     assert dead(engine)
 
 
 def test_ending_gone_processes_does_not_raise(tracked):
     p, (child,) = spawn(tracked)
-    proc = psutil.Process(child)
+    proc = Proc.live(child)
     p.kill()
     p.wait()
-    assert procs.end_processes([proc], child, grace=0.1) == []
+    assert signalling.end([proc], child, grace=0.1) == []
 
 
 def test_our_own_process_group_is_never_signalled(tracked):
     # A child left in our group: passing that group must not take the test (the guard) down with it.
     p, (child,) = spawn(tracked, process_group=None)
     assert os.getpgid(child) == os.getpgrp()
-    ended = procs.end_processes([psutil.Process(child), psutil.Process()], os.getpgrp(), grace=2.0)
+    ended = signalling.end([Proc.live(child), Proc.live(os.getpid())], os.getpgrp(), grace=2.0)
     assert ended == [child]
 
 
@@ -181,7 +188,7 @@ def test_end_processes_async_keeps_the_event_loop_running(tracked):
                 ticks += 1
 
         t = asyncio.create_task(ticker())
-        ended = await procs.end_processes_async(procs.snapshot_tree(child), child, grace=1.0)
+        ended = await signalling.end_async(tree_of(child), child, grace=1.0)
         t.cancel()
         return ended, ticks
 
@@ -195,13 +202,13 @@ def test_the_exit_status_is_left_to_asyncio(tracked):
     async def main():
         proc = await asyncio.create_subprocess_exec(
             sys.executable, FORKER, "--engine", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=procs.preexec_pdeathsig,
+            stdout=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=signalling.die_with_parent,
         )
         tracked.append(psutil.Process(proc.pid))
         line = (await asyncio.wait_for(proc.stdout.readline(), 15)).decode()
         engine = int(line.split()[2])
         tracked.append(psutil.Process(engine))
-        ended = await procs.end_processes_async(procs.snapshot_tree(proc.pid), proc.pid, grace=5.0)
+        ended = await signalling.end_async(tree_of(proc.pid), proc.pid, grace=5.0)
         return ended, await asyncio.wait_for(proc.wait(), 10), proc.pid, engine
 
     ended, code, child, engine = asyncio.run(main())
@@ -216,7 +223,7 @@ def test_engine_orphaned_by_a_killed_api_server_is_swept(tracked, tmp_path):
     state = str(tmp_path / "state")
     env = procs.child_env(os.environ, state, 1)
     p, (child, engine) = spawn(tracked, "--engine", env=env)
-    procs.record_launch(state, child, child)
+    procs.record_launch(state, Proc.live(child), child)
     record = json.loads((tmp_path / "state" / "launch.json").read_text())
     assert record["marker"] == f"{procs.state_id(state)}:1" and record["pgid"] == child
 
@@ -236,11 +243,11 @@ def test_sweep_ends_nothing_it_did_not_start(tracked, tmp_path):
     state = str(tmp_path / "state")
     plain = lookalike(tracked, unmarked_env())
     other_guard = lookalike(tracked, procs.child_env(os.environ, str(tmp_path / "other-state"), 1))
-    # A stale record whose pid and group now belong to the look-alike (pid reuse): create_time differs.
-    procs.record_launch(state, plain.pid, plain.pid)
+    # A stale record whose pid and group now belong to the look-alike (pid reuse): its start differs.
+    procs.record_launch(state, Proc.live(plain.pid), plain.pid)
     path = tmp_path / "state" / "launch.json"
     record = json.loads(path.read_text())
-    record["create_time"] -= 100.0
+    record["start"] -= 100.0
     path.write_text(json.dumps(record))
     p, (child, engine) = spawn(tracked, "--engine", env=procs.child_env(os.environ, state, 2))
     p.kill()
@@ -255,12 +262,12 @@ def test_sweep_ends_nothing_it_did_not_start(tracked, tmp_path):
 
 def test_recorded_tree_entries_are_swept_even_without_a_readable_marker(tracked, tmp_path):
     # An engine whose environment cannot be read for the marker (as after a setproctitle without
-    # SPT_NOENV) is still found by pid + create_time once note_tree recorded it.
+    # SPT_NOENV) is still found by its identity (pid + start time) once note_tree recorded it.
     state = str(tmp_path / "state")
     p, (child, engine) = spawn(tracked, "--engine", env=unmarked_env())
-    procs.record_launch(state, child, child)
-    procs.note_tree(state, procs.snapshot_tree(child))
-    procs.note_tree(state, procs.snapshot_tree(child))  # idempotent
+    procs.record_launch(state, Proc.live(child), child)
+    procs.note_tree(state, tree_of(child))
+    procs.note_tree(state, tree_of(child))  # idempotent
     tree = json.loads((tmp_path / "state" / "launch.json").read_text())["tree"]
     assert sorted(e["pid"] for e in tree) == sorted([child, engine])
     p.kill()
@@ -286,13 +293,13 @@ def test_a_broken_launch_record_is_set_aside_and_the_sweep_goes_on(tmp_path, con
 MINI_GUARDS = {
     "popen": """
 import os, subprocess, sys, time
-from supervisor.shell import procs
+from supervisor.shell import procs, signalling
 state, forker = sys.argv[1:3]
 p = subprocess.Popen([sys.executable, forker, "--engine"], env=procs.child_env(os.environ, state, 1),
-                     preexec_fn=procs.preexec_pdeathsig, process_group=0,
+                     preexec_fn=signalling.die_with_parent, process_group=0,
                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
 line = p.stdout.readline()
-procs.record_launch(state, p.pid, p.pid)
+procs.record_launch(state, signalling.Proc.live(p.pid), p.pid)
 print(line.strip(), flush=True)
 while True:
     time.sleep(3600)
@@ -300,15 +307,16 @@ while True:
     # As supervisor.shell.child does it: asyncio in the main thread (pdeathsig follows the forking thread).
     "asyncio": """
 import asyncio, os, sys
-from supervisor.shell import procs
+from supervisor.shell import procs, signalling
 state, forker = sys.argv[1:3]
 async def main():
     p = await asyncio.create_subprocess_exec(sys.executable, forker, "--engine",
-        env=procs.child_env(os.environ, state, 1), preexec_fn=procs.preexec_pdeathsig,
+        env=procs.child_env(os.environ, state, 1), preexec_fn=signalling.die_with_parent,
         start_new_session=True, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
     line = await p.stdout.readline()
-    procs.record_launch(state, p.pid, p.pid)
-    procs.note_tree(state, procs.snapshot_tree(p.pid))
+    leader = signalling.Proc.live(p.pid)
+    procs.record_launch(state, leader, p.pid)
+    procs.note_tree(state, signalling.snapshot_tree(leader))
     print(line.decode().strip(), flush=True)
     await asyncio.sleep(3600)
 asyncio.run(main())

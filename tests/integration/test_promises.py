@@ -476,14 +476,16 @@ def test_a_stop_during_the_wait_for_the_last_launchs_gpu_memory_ends_it_at_once(
 
 
 def test_a_stop_during_a_backoff_ends_it_at_once(run):
-    g = run({**SERVING, "engine_death_after": 0.5, "death_count": 1}, vllm_args=FLAGS,
+    # the first death after serving relaunches at once (issue 21 item 6); the second, soon after
+    # serving again, is a crash loop and backs off
+    g = run({**SERVING, "engine_death_after": 0.5, "death_count": 2}, vllm_args=FLAGS,
             env={"VLLM_GUARD_BACKOFF_INITIAL": "120", "VLLM_GUARD_BACKOFF_JITTER": "0"})
-    s = g.wait_for(lambda s: s["state"] == "backoff", 60, "the backoff after vLLM died")
+    s = g.wait_for(lambda s: s["state"] == "backoff", 60, "the backoff after vLLM died twice")
     assert s["crash_loop"]["backoff_until"] is not None
     t0 = time.monotonic()
     g.proc.send_signal(signal.SIGTERM)
     assert g.wait_exit(30) == 0 and time.monotonic() - t0 < 5.0
-    assert [r["n"] for r in g.history() if r.get("n")] == [1]          # no launch after the stop
+    assert [r["n"] for r in g.history() if r.get("n")] == [1, 2]       # no launch after the stop
 
 
 def test_a_stop_while_reading_the_models_config_ends_it_at_once(run, tmp_path):
@@ -504,3 +506,58 @@ def test_a_stop_while_reading_the_models_config_ends_it_at_once(run, tmp_path):
         assert not (g.state_dir / "vllm.log").exists() and marked(g.state_dir) == []
     finally:
         hub.close()
+
+
+# -- a restart from another host (README: "A restart from another host") --------------------------------
+def _readme_block(containing: str) -> str:
+    """The README's ```sh block that holds ``containing``, as written."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in text.split("```sh")[1:]]
+    found = [b.split("```", 1)[0].strip() for b in blocks if containing in b.split("```", 1)[0]]
+    assert len(found) == 1, f"{len(found)} README blocks hold {containing!r}"
+    return found[0]
+
+
+def _reachable_address() -> str:
+    """An address of this host other than loopback when it has one (what another host would dial)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))                  # TEST-NET-1: no packet is sent for a UDP connect
+            address = s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+    return address if not address.startswith("127.") else "127.0.0.1"
+
+
+def test_the_documented_curl_line_restarts_a_guard_bound_for_other_hosts(run):
+    """The README's curl line, run by a shell as written (only GPU-HOST and the port are this test's),
+    restarts a guard whose status endpoint is bound to 0.0.0.0 with a token of its own: 202 with the
+    body the README quotes, and a relaunch with the current flags. The same line without the token, or
+    with another one, is refused (curl exits 22) and nothing is relaunched; `vllm-guard restart
+    --status-host` sends no token and exits 1."""
+    line = _readme_block("/restart")
+    assert line.startswith("curl ") and "http://GPU-HOST:8077/restart" in line
+    text = (ROOT / "README.md").read_text()
+    promised = json.loads(text.split("The guard answers `202` with `", 1)[1].split("`", 1)[0])
+    g = run(SERVING, vllm_args=FLAGS, guard_args=["--status-host", "0.0.0.0"], token="a-token-of-my-own")
+    g.wait_healthy(launches=1)
+    here = line.replace("GPU-HOST:8077", f"{_reachable_address()}:{g.status_port}")
+
+    def curl(token: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_GUARD_TOKEN"}
+        if token is not None:
+            env["VLLM_GUARD_TOKEN"] = token
+        return subprocess.run(["bash", "-c", here], capture_output=True, text=True, timeout=30, env=env)
+
+    assert curl(None).returncode == 22                      # no token: 401
+    assert curl("not-the-token").returncode == 22           # another token: 403
+    remote = cli("restart", "--status-host", _reachable_address(), "--status-port", str(g.status_port),
+                 "--state-dir", str(g.state_dir / "elsewhere"), env={"VLLM_GUARD_TOKEN": g.token})
+    assert remote.returncode == 1 and "the token is sent only to a running guard" in remote.stderr
+    assert len(g.status()["launches"]) == 1                 # none of these relaunched anything
+    ok = curl(g.token)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == promised == {"accepted": "restart", "reset": False}
+    after = g.wait_healthy(launches=2)
+    assert after["launches"][0]["outcome"] == "restart"
+    assert argv_flag(after["launches"][1]["argv"], "--max-model-len") == "8192"     # the current flags

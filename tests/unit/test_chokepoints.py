@@ -27,6 +27,8 @@ ALLOWED: dict[str, str | tuple[frozenset[str], str]] = {
     "supervisor/cli/diagnose.py": "reads a log a person names or pipes in: stdin, a pipe or a FIFO is valid "
                                   "input there, and nothing is written",
     "supervisor/cli/__init__.py": "opens /dev/null to silence stdout after a broken pipe (`vllm-guard logs | head`)",
+    "supervisor/shell/signalling.py": "reads procfs (/proc/<pid>/stat, the boot id): files the kernel makes, "
+                                      "read-only, never a state file (a process's identity, before a signal)",
     "supervisor/shell/statelog.py": (frozenset({"os.rename()", "os.fdopen()"}),
                                      "every descriptor comes from open_state; it renames its own log to its older "
                                      "generation (<name> -> <name>.1) and wraps a door's descriptor for reading"),

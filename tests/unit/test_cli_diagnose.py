@@ -261,3 +261,19 @@ def test_vllms_own_output_has_no_read_as_line(capsys: pytest.CaptureFixture[str]
     got = json.loads(capsys.readouterr().out)
     assert (got["carrier"], got["carrier_what"], got["wrapped_at"], got["newest_first"], got["guard_lines"]) == (
         None, "", None, False, 0)
+
+
+def test_an_oom_nothing_places_is_reported_as_unknown_not_as_the_weights(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path) -> None:
+    """A paste of the OOM's line alone: no frames, no milestones before it. The report says the phase
+    is unknown, and neither the verdict nor the reason claims the weights were the cause."""
+    log = tmp_path / "oom.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                   "capacity of 23.64 GiB of which 1.06 GiB is free.\n")
+    assert _run([str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("during unknown)")
+    why = next(line for line in out if line.startswith("  why:"))
+    assert "nothing in the log says where" in why and "do not fit" not in why
+    assert _run(["--json", str(log)]) == 0
+    assert json.loads(capsys.readouterr().out)["phase"] == "unknown"

@@ -148,3 +148,25 @@ def test_the_engine_generation_is_read_from_a_log_whose_version_is_hidden() -> N
     c = Classifier()
     c.feed("INFO 03-05 10:00:00 [llm_engine.py:232] Initializing a V0 LLM engine (v0.8.5) with config: model='m'")
     assert c.numbers["engine"] == "v0"
+
+
+#: the catalogue's lines that state the CUDA graphs' memory, with the figure each example prints (read here
+#: from the example text as vLLM's source formats it: "took {cuda_graph_size / (1 << 30):.2f} GiB",
+#: "CUDA graph pool memory: {GiB(cuda_graph_memory_bytes)} GiB (actual)")
+GRAPH_MEMORY_ROWS = {"m_capture_done@0.6.4": 0.56, "m_cudagraph_pool_memory": 0.56}
+
+
+@pytest.mark.parametrize("row_id", sorted(GRAPH_MEMORY_ROWS))
+def test_the_memory_cuda_graphs_took_is_a_number_of_the_launch(row_id: str) -> None:
+    row = next(r for r in ROWS if r["id"] == row_id)
+    assert f"{GRAPH_MEMORY_ROWS[row_id]:.2f} GiB" in row["example"]
+    c = Classifier()
+    c.feed(f"(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_model_runner.py:1] {row['example']}")
+    assert c.numbers["cudagraph_gib"] == GRAPH_MEMORY_ROWS[row_id]
+
+
+def test_graphs_captured_without_a_size_state_no_graph_memory() -> None:
+    row = next(r for r in ROWS if r["id"] == "m_capture_done@0.5.0")      # V0 before 0.6.4: seconds only
+    c = Classifier()
+    c.feed(f"INFO 09-20 10:00:41 model_runner.py:1] {row['example']}")
+    assert "cudagraph_gib" not in c.numbers

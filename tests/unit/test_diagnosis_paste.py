@@ -339,3 +339,37 @@ def test_a_newest_first_console_of_one_second_is_put_back_in_order_at_every_wrap
     case = next(c for c in _fixtures() if c.name == "current/0.12.0-issue-paste-engine-sigkill.log")
     for width in range(60, 161):
         _check_failure(case, [_wrap(width), *_newest_first("journald-short-iso")])
+
+
+def test_a_wrapped_json_line_is_whole_only_when_it_parses() -> None:
+    # a wrap piece that ends with a brace of vLLM's own text ("{'GPU': 1.0}") is no end of the JSON object
+    case = next(c for c in FAILURES if c.name.startswith("pg_waiting@0.7.2"))
+    for width in range(60, 161):
+        _check_failure(case, [_wrap(width), _carrier("cloud-logging-json")])
+
+
+def test_a_json_line_that_never_closes_is_given_up_and_what_follows_is_read() -> None:
+    lines = ['{"textPayload": "INFO 11-30 12:00:00 x.py:1] no end', *[f"junk {i} " * 10 for i in range(900)],
+             "ERROR 11-30 12:00:01 [core.py:1] ValueError: To serve at least one request with the models's max "
+             "seq len (131072), (16.00 GiB KV cache is needed, which is larger than the available KV cache "
+             "memory (4.00 GiB). Based on the available memory, the estimated maximum model length is 32768."]
+    got = classify(lines, 1)
+    assert got.kind.value == "kv_cache_insufficient" and got.numbers.get("fit_max_model_len") == 32768, got
+
+
+# --------------------------------------------------------------------------- every carrier x every message
+#: the catalogue's failure logs by message (row): each row has a log per vLLM version that prints it
+_BY_ROW: dict[str, list[cat.Case]] = {}
+for _case in FAILURES:
+    _BY_ROW.setdefault(_case.row, []).append(_case)
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIER_LINES))
+def test_every_carrier_with_every_catalogue_message_keeps_its_kind_phase_and_numbers(carrier: str) -> None:
+    """Not sampled: each carrier ships a log of every failure message of the catalogue (the version's log
+    taken in turn, so the carriers between them go through the versions), and every healthy log."""
+    k = sorted(CARRIER_LINES).index(carrier)
+    for cases in _BY_ROW.values():
+        _check_failure(cases[k % len(cases)], [_carrier(carrier)])
+    for case in HEALTHY:
+        _check_healthy(case, [_carrier(carrier)])

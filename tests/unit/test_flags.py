@@ -10,7 +10,22 @@ def test_parse_forms_and_get():
     assert f.get_int("--tensor-parallel-size") == 2
     assert f.enabled("--enforce-eager")
     assert f.get("--served-model-name") == "a"
-    assert "b" in f.positionals()
+    # vLLM's --served-model-name takes one or more names (nargs="+"): "b" is the second name, not a
+    # positional argument (vllm serve's parser gives served_model_name=['a', 'b']).
+    assert f.get_all("--served-model-name") == ["a", "b"] and f.positionals() == []
+    assert f.argv()[-3:] == ["--served-model-name", "a", "b"]
+
+
+def test_flags_with_several_values_take_every_token_up_to_the_next_flag():
+    # The arity of vLLM 0.32's parser (nargs="+"): --api-key K1 K2 are two keys.
+    f = Flags.parse(["--api-key", "K1", "K2", "--port", "9000", "--api_key=K3"])
+    assert f.get_all("--api-key") == ["K3"] and f.get("--port") == "9000"
+    g = Flags.parse(["--api-key", "K1", "K2", "-tp", "2", "MODEL"])
+    assert g.get_all("--api-key") == ["K1", "K2"] and g.positionals() == ["MODEL"]
+    assert g.argv() == ["--api-key", "K1", "K2", "-tp", "2", "MODEL"]
+    assert g.remove("--api-key").argv() == ["-tp", "2", "MODEL"]
+    assert Flags.parse(["--hf-token", "--port", "1"]).get("--hf-token") == ""     # nargs="?": alone
+    assert Flags.parse(["--max-model-len", "8192", "MODEL"]).positionals() == ["MODEL"]   # one value
 
 
 def test_set_replaces_in_place_and_keeps_spelling_of_others():

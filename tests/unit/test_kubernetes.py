@@ -22,7 +22,7 @@ import pytest
 
 from supervisor import config
 from supervisor.core.flags import Flags
-from supervisor.shell import auth, procs
+from supervisor.shell import auth, signalling
 
 yaml = pytest.importorskip("yaml")
 dockerfile_parse = pytest.importorskip("dockerfile_parse")
@@ -345,7 +345,7 @@ def test_termination_grace_outlasts_the_guard_stop(variant: str, tmp_path: Path)
     ss, c = one(objects, "StatefulSet"), container(objects)
     cfg = guard_config(c, tmp_path)
     # SIGTERM -> the guard -> vLLM's group; SIGKILL after stop_grace; reaping; the guard's exit.
-    needed = cfg.stop_grace + procs._KILL_WAIT + 10
+    needed = cfg.stop_grace + signalling.KILL_WAIT + 10
     assert pod_spec(ss)["terminationGracePeriodSeconds"] >= needed
 
 

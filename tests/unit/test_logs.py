@@ -116,3 +116,13 @@ def test_registered_secrets_are_masked():
     configure_logging(stream=out)
     structlog.get_logger("t").info("token guard-token-abcdef printed by mistake")
     assert lines(out)[0]["event"] == "token *** printed by mistake"
+
+
+def test_libraries_records_are_masked_too():
+    from supervisor.secrets import REGISTRY
+
+    out = io.StringIO()
+    configure_logging(level="info", stream=out)
+    REGISTRY.add("lib-secret-value-42")                  # registered after logging was set up
+    logging.getLogger("httpx").warning("POST https://hooks.example/lib-secret-value-42 failed")
+    assert "lib-secret-value-42" not in out.getvalue() and "POST https://hooks.example/***" in out.getvalue()

@@ -24,6 +24,7 @@ from supervisor.cli import client
 from supervisor.config import GuardConfig
 from supervisor.core.session import Facts
 from supervisor.shell import auth, history, learned, locks, output, procs
+from supervisor.shell.signalling import Proc
 from tests.fakes.planted import FOREIGN, KINDS, STATE_FILES, can_plant, plant
 
 TOKEN_TEMP = f".token.{os.getpid()}.tmp"          # the name the token's temporary file had (predictable)
@@ -68,7 +69,7 @@ def guard(d: Path, monkeypatch) -> None:
             _timed("vLLM's output", out.line, f"(APIServer pid=1) INFO line {i} {'x' * 60}".encode(), "stdout")
             h.started(i + 1, ["vllm", "serve", "m"], {})
             _timed("history", h.ended, "failed", kind="engine_dead", evidence="x" * 40)
-        _timed("the launch record", procs.record_launch, str(d), os.getpid(), os.getpgrp())
+        _timed("the launch record", procs.record_launch, str(d), Proc.live(os.getpid()), os.getpgrp())
         _timed("the launch record's tree", procs.note_tree, str(d), [])
         _timed("learned flags stored", learned.LearnedStore(str(d)).put, keys.flags, {"--max-model-len": "4096"},
                {"--max-model-len": "it fits"}, {"model": "m"})

@@ -85,3 +85,24 @@ def test_a_guard_option_among_vllms_flags_says_where_it_goes() -> None:
 def test_a_key_of_vllms_config_file_is_named_with_the_file() -> None:
     [text] = flag_problems(["--max-model-lenght", "4096"], for_version("0.32.0"), where="vLLM's --config file c.yaml")
     assert text.endswith("did you mean --max-model-len? (in vLLM's --config file c.yaml)")
+
+
+def test_the_readmes_examples_hold_on_the_cpu_vllms_release() -> None:
+    """The README's words, each example as written: the typo's message, vLLM's conveniences accepted,
+    the path-shaped names refused and `org/name` never."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    flat = " ".join(readme.split())
+    options = for_version("0.32.0")
+    message = "vLLM 0.32.0 has no option --max-model-length; did you mean --max-model-len?"
+    assert f'(`--max-model-length`: "{message}")' in flat
+    assert flag_problems(["--max-model-length", "8192"], options) == [message]
+    conveniences = ["`--max_model_len`", "`--max-model-len=8192`", "`-tp 2`", "`-O3`",
+                    "`--compilation-config.level 3`", "`--no-enable-prefix-caching`"]
+    assert all(c in flat for c in conveniences)
+    for c in conveniences:
+        assert flag_problems(c.strip("`").split(), options) == [], c
+    assert flag_problems(["--max-model", "8192"], options) == []             # "an unambiguous prefix"
+    for name in ("/models/llama", "./llama"):
+        assert f"`{name}`" in flat
+        assert missing_local_path(name, exists=False) is not None, name
+    assert "`org/name` never is refused" in flat and missing_local_path("org/name", exists=False) is None

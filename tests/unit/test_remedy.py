@@ -60,7 +60,7 @@ ROWS = [
         D(KV, max_model_len=131072, kv_needed_gib=16.0, kv_available_gib=5.23),
         then="--max-model-len 41536", step="max_model_len", says="ratio of available to needed"),
     Row("no number at all: halve", D(KV), "--max-model-len 32768", then="--max-model-len 16384",
-        step="max_model_len", says="halving"),
+        step="max_model_len", says="16384 is half of 32768"),
     Row("never above what the user asked", D(KV, max_model_len=131072, fit_max_model_len=60000),
         "--max-model-len 16384", then="--max-model-len 8192", step="max_model_len",
         says="16384"),
@@ -103,6 +103,15 @@ ROWS = [
         "--gpu-memory-utilization 0.9",
         # (8.63 - (4.52 - 3.10)) / 9.59 - 0.005 = 0.746
         then="--gpu-memory-utilization 0.74", step="gpu_memory_utilization_free"),
+    Row("CPU build: a share the worker's own memory fills grows by what is available",
+        D(FREE, free_gib=3.10, total_gib=9.59, requested_gib=-0.5, cpu_kv_auto_gib=-0.5, cpu_share_gib=4.0),
+        "--gpu-memory-utilization 0.42",
+        # the worker holds 4.0 + 0.5 = 4.5 GiB; with the 3.10 available for KV: 7.6 / 9.59 - 0.005 = 0.787
+        then="--gpu-memory-utilization 0.78", step="gpu_memory_utilization_free", says="gives it the 3.1 GiB"),
+    Row("CPU build: a share the worker fills, with more than the node to give: nothing fits",
+        D(FREE, free_gib=3.10, total_gib=9.59, requested_gib=-1.2, cpu_kv_auto_gib=-1.2, cpu_share_gib=8.63),
+        # 8.63 + 1.2 + 3.10 = 12.93 GiB, more than the node's 9.59
+        "--gpu-memory-utilization 0.9", gives_up=EX_TEMPFAIL, says="free CPU memory"),
     Row("CPU build: VLLM_CPU_KVCACHE_SPACE above free memory is for a person to change",
         D(FREE, free_gib=7.96, total_gib=9.59, requested_gib=64.0, cpu_kv_gib=64.0),
         knows={"cpu_kv_space_gib": 64.0}, gives_up=EX_CONFIG, says="at most 7 GiB"),
@@ -297,6 +306,15 @@ WHOLE: dict[str, tuple[Any, ...]] = {
              "the KV cache holds about 65408 tokens (vLLM's estimate), not 131072; 65408 is that, aligned down to "
              'the 128-token block'),
         )),
+    # vLLM's 60000 is above the 16384 asked for (and served): the cap is 16384, no shorter than what
+    # failed, so the length is halved: 16384 // 2 = 8192
+    'never above what the user asked': (
+        "the KV cache cannot hold 16384 tokens, yet vLLM's estimate gives 60000, no fewer; 8192 is half of 16384, "
+        'aligned down to the 16-token block', (
+            ('--max-model-len', '16384', '8192',
+             "the KV cache cannot hold 16384 tokens, yet vLLM's estimate gives 60000, no fewer; 8192 is half of "
+             '16384, aligned down to the 16-token block'),
+        )),
     '0.7-0.9.0 print only GiB: the ratio, 3% and a block held back': (
         'the KV cache holds about 41542 tokens (the ratio of available to needed KV memory), not 131072; 41536 is '
         'that, aligned down to the 16-token block', (
@@ -304,11 +322,12 @@ WHOLE: dict[str, tuple[Any, ...]] = {
              'the KV cache holds about 41542 tokens (the ratio of available to needed KV memory), not 131072; '
              '41536 is that, aligned down to the 16-token block'),
         )),
+    # vLLM printed no size: nothing "holds about 16384 tokens"; the length is halved (32768 // 2)
     'no number at all: halve': (
-        'the KV cache holds about 16384 tokens (halving (vLLM printed no size)), not 32768; 16384 is that, aligned '
+        'the KV cache cannot hold 32768 tokens and vLLM printed no size for it; 16384 is half of 32768, aligned '
         'down to the 16-token block', (
             ('--max-model-len', '32768', '16384',
-             'the KV cache holds about 16384 tokens (halving (vLLM printed no size)), not 32768; 16384 is that, '
+             'the KV cache cannot hold 32768 tokens and vLLM printed no size for it; 16384 is half of 32768, '
              'aligned down to the 16-token block'),
         )),
     'below the floor: fp8 KV doubles the capacity': (
@@ -329,10 +348,13 @@ WHOLE: dict[str, tuple[Any, ...]] = {
         'the KV cache holds only about 1500 tokens, below the floor --min-model-len 2048',
         'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
         'processes'),
+    # 16000 tokens are above the 2048 floor: what stops a shorter length is the remedies allowed
     'a length-only fix is not allowed: fp8 instead': (
-        'only 16000 tokens fit, below the floor of 2048; fp8 KV doubles the capacity', (
+        'only 16000 of the 32768 tokens fit, and the remedies allowed do not include the length; fp8 KV doubles '
+        'the capacity', (
             ('--kv-cache-dtype', None, 'fp8',
-             'only 16000 tokens fit, below the floor of 2048; fp8 KV doubles the capacity'),
+             'only 16000 of the 32768 tokens fit, and the remedies allowed do not include the length; fp8 KV '
+             'doubles the capacity'),
         )),
     'V0 measured above 32768 (chunked by itself): chunked prefill stays on below it': (
         "the KV cache holds about 30864 tokens (vLLM's estimate), not 131072; 30864 is that, aligned down to the "
@@ -390,6 +412,16 @@ WHOLE: dict[str, tuple[Any, ...]] = {
              'the CPU memory share left the KV cache 1.42 GiB short of the 3.1 GiB available; 0.74 shrinks the '
              'share by that'),
         )),
+    "CPU build: a share the worker's own memory fills grows by what is available": (
+        "the CPU memory share (4.0 GiB) left the KV cache nothing after the worker's own 4.50 GiB; 0.78 gives it "
+        'the 3.1 GiB available', (
+            ('--gpu-memory-utilization', '0.42', '0.78',
+             "the CPU memory share (4.0 GiB) left the KV cache nothing after the worker's own 4.50 GiB; 0.78 gives "
+             'it the 3.1 GiB available'),
+        )),
+    'CPU build: a share the worker fills, with more than the node to give: nothing fits': (
+        'only 3.1/9.59 GiB is free on CPU memory; other processes hold the rest',
+        'free CPU memory (see the processes holding it)'),
     'CPU build: VLLM_CPU_KVCACHE_SPACE above free memory is for a person to change': (
         'the KV cache was set to 64.0 GiB, but only 7.96 of 9.59 GiB of CPU memory is available '
         '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
@@ -525,6 +557,10 @@ MORE = [
     # -- the CPU build's KV space -----------------------------------------------------------------
     Row("CPU build: too little memory left for any KV cache", D(FREE, free_gib=0.2, total_gib=9.59, cpu_kv_gib=64.0),
         "--kv-cache-memory-bytes 64G", gives_up=EX_TEMPFAIL),
+    Row("CPU build: under a GiB free, the variable (whole GiB) cannot say it: the flag's bytes",
+        D(FREE, free_gib=0.8, total_gib=9.59, cpu_kv_gib=64.0), knows={"cpu_kv_space_gib": 64.0}, gives_up=EX_CONFIG,
+        # 0.8 x 0.9 = 0.72 GiB = 773094113 bytes, down to whole MiB: 737 x 2**20 = 772800512
+        says="at most 772800512 (0.72 GiB)"),
     Row("CPU build: the share may not be changed", D(FREE, free_gib=7.96, total_gib=9.59, cpu_kv_gib=64.0),
         "--kv-cache-memory-bytes 64G", knows={"rules": RemedyConfig(allowed=("max_model_len",))},
         gives_up=EX_TEMPFAIL),
@@ -709,6 +745,19 @@ MORE += [
     Row("free memory: the share left cannot hold a rank's weights (TP 2, some offloaded)",
         D(FREE, free_gib=5.0, total_gib=22.06), "-tp 2 --cpu-offload-gb 2",
         knows={"sizing": Sizing(LLAMA, gpus=2, vllm_version="0.32.0"), **L4_FACTS}, gives_up=EX_TEMPFAIL),
+    # the share the no-KV ladder raises to, all 22.06 GiB free: (22.06 - 0.4 context) / 22.06 - 0.005 = 0.9769
+    # -> 0.97; before 0.20 with CUDA graphs (captured outside the share) the 0.5 GiB the plan leaves them at
+    # least comes off too: (22.06 - 0.5 - 0.4) / 22.06 - 0.005 = 0.9542 -> 0.95
+    Row("no KV memory before 0.20: the share raised leaves the CUDA graphs their room",
+        D(NO_KV), "--gpu-memory-utilization 0.6", asked="", knows={"vllm_version": "0.10.2", **L4_FACTS},
+        then="--gpu-memory-utilization 0.95", step="no_kv:gpu_memory_utilization"),
+    Row("no KV memory before 0.20 in eager mode: no graphs, all the share free memory allows",
+        D(NO_KV), "--gpu-memory-utilization 0.6 --enforce-eager", asked="",
+        knows={"vllm_version": "0.10.2", **L4_FACTS},
+        then="--gpu-memory-utilization 0.97 --enforce-eager", step="no_kv:gpu_memory_utilization"),
+    Row("no KV memory from 0.20: graphs are in the share, all of it free memory allows",
+        D(NO_KV), "--gpu-memory-utilization 0.6", asked="", knows={"vllm_version": "0.32.0", **L4_FACTS},
+        then="--gpu-memory-utilization 0.97", step="no_kv:gpu_memory_utilization"),
     Row("CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences",
         D(Kind.OOM_CUDAGRAPH, num_dummy_requests=256), "--enforce-eager",
         then="--enforce-eager --max-num-seqs 128", step="oom_profile:max_num_seqs"),
@@ -743,9 +792,16 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
     'CPU build: a node figure names CPU memory when nothing is left': (
         'only 0.2/9.59 GiB is free on CPU memory; other processes hold the rest',
         'free CPU memory (see the processes holding it)'),
+    # 0.2 x 0.9 = 0.18 GiB, under the 0.25 GiB least KV cache: no size to advise ("at most 0 GiB" was one,
+    # and VLLM_CPU_KVCACHE_SPACE=0 is a KV cache of nothing)
     'CPU build: too little memory left for any KV cache': (
         'only 0.2 of 9.59 GiB of CPU memory is available for the KV cache',
-        'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 0 GiB, or free memory on this machine'),
+        'no KV cache fits in the 0.2 GiB of CPU memory available: free memory on this machine'),
+    "CPU build: under a GiB free, the variable (whole GiB) cannot say it: the flag's bytes": (
+        'the KV cache was set to 64.0 GiB, but only 0.8 of 9.59 GiB of CPU memory is available '
+        '(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)',
+        'unset VLLM_CPU_KVCACHE_SPACE (it counts whole GiB, and less than 1 GiB is available) and set '
+        '--kv-cache-memory-bytes to at most 772800512 (0.72 GiB), or free memory on this machine'),
     'CPU build: the share may not be changed': (
         'only 7.96 of 9.59 GiB of CPU memory is available for the KV cache',
         'set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 7 GiB, or free memory on this machine'),
@@ -803,12 +859,13 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
         'the KV cache is too small, and neither the log nor the flags say the current length',
         'more GPUs (--tensor-parallel-size), a quantized model (AWQ/GPTQ/FP8), or freeing the GPU from other '
         'processes'),
+    # vLLM's 20000 is no fewer than the 16384 that failed: half of 16384 is 8192
     'KV: the estimate no shorter than the length: halve instead': (
-        "the KV cache holds about 16384 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to the "
-        '16-token block', (
+        "the KV cache cannot hold 16384 tokens, yet vLLM's estimate gives 20000, no fewer; 8192 is half of 16384, "
+        'aligned down to the 16-token block', (
             ('--max-model-len', '16384', '8192',
-             "the KV cache holds about 16384 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to "
-             'the 16-token block'),
+             "the KV cache cannot hold 16384 tokens, yet vLLM's estimate gives 20000, no fewer; 8192 is half of "
+             '16384, aligned down to the 16-token block'),
         )),
     'KV on V0 0.6 with the model known: chunked prefill frees the whole-context profile': (
         'vLLM V0 measured 20000 tokens while profiling all 32768 at once; in chunks of 2048 the profile frees room '
@@ -1027,6 +1084,21 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
         "only 5.0 of 22.06 GiB is free on the GPU: at 0.22 vLLM could use 4.85 GiB, less than the model's weights "
         '(5.48 GiB per rank)',
         'free the GPU (see the processes holding it)'),
+    'no KV memory before 0.20: the share raised leaves the CUDA graphs their room': (
+        'no memory was left for the KV cache at 0.60; 0.95 gives vLLM more', (
+            ('--gpu-memory-utilization', '0.6', '0.95',
+             'no memory was left for the KV cache at 0.60; 0.95 gives vLLM more'),
+        )),
+    'no KV memory before 0.20 in eager mode: no graphs, all the share free memory allows': (
+        'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more', (
+            ('--gpu-memory-utilization', '0.6', '0.97',
+             'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more'),
+        )),
+    'no KV memory from 0.20: graphs are in the share, all of it free memory allows': (
+        'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more', (
+            ('--gpu-memory-utilization', '0.6', '0.97',
+             'no memory was left for the KV cache at 0.60; 0.97 gives vLLM more'),
+        )),
     'CUDA-graph OOM with eager mode on already: the profiling ladder, half the sequences': (
         'CUDA ran out of memory warming up 256 dummy requests; 128 sequences need half the activation memory', (
             ('--max-num-seqs', None, '128',
@@ -1035,8 +1107,8 @@ MORE_WHOLE: dict[str, tuple[Any, ...]] = {
 }
 
 
-def test_every_row_but_one_is_written_out_in_full():
-    assert set(WHOLE) == {r.name for r in ROWS} - {"never above what the user asked"}
+def test_every_row_is_written_out_in_full():
+    assert set(WHOLE) == {r.name for r in ROWS}
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r.name in WHOLE], ids=lambda r: r.name)
@@ -1110,3 +1182,168 @@ def test_a_decision_the_plan_sizes(failure, flags, knows, then, step, whys):
     length = out.flags.get("--max-model-len")
     assert length == "auto" or (int(length) % 16 == 0 and int(length) < 131072)
     assert out.why == out.changes[0].why or out.why.startswith("only 19.06 of 22.06 GiB is free")
+
+
+def test_steps_combined_name_each_flag_once_from_its_first_value_to_its_last():
+    """The plan then a remedy change the share twice: one change, from the user's value to the last, both
+    reasons in order; a flag a later step puts back where it began is no change at all."""
+    plan = (R.Change("--gpu-memory-utilization", None, "0.85", "the plan"),
+            R.Change("--enforce-eager", None, "", "the plan's eager mode"))
+    remedy = (R.Change("--gpu-memory-utilization", "0.85", "0.8", "the remedy"),
+              R.Change("--max-model-len", "8192", "4096", "the length"),
+              R.Change("--enforce-eager", "", None, "graphs back"))
+    assert R.combined(plan, remedy) == (
+        R.Change("--gpu-memory-utilization", None, "0.8", "the plan; then the remedy"),
+        R.Change("--max-model-len", "8192", "4096", "the length"))
+
+
+def test_auto_fit_above_the_request_without_vllms_length_says_a_length():
+    """vLLM's auto-fit line without the length it chose: the reason cannot name a number it was not given."""
+    out = R.decide(D(Kind.AUTO_FIT_ABOVE_REQUEST), Flags.parse("--max-model-len auto"),
+                   R.Context(requested=Flags.parse("--max-model-len 8192")))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--max-model-len 8192")
+    assert out.why == "vLLM's auto-fit found a length, more than the 8192 asked for; 8192 fits"
+
+
+def test_a_decision_without_a_context_takes_the_current_flags_as_the_users_own():
+    """decide(d, flags) alone: what the user asked is the flags that failed (here the 8192 auto-fit went past)."""
+    out = R.decide(D(Kind.AUTO_FIT_ABOVE_REQUEST, fit_max_model_len=9000), Flags.parse("--max-model-len 8192"))
+    assert isinstance(out, R.GiveUp)       # pinning 8192 again changes nothing
+    assert out.reason == "auto_fit_above_request: no remedy changes anything"
+
+
+# After fp8 KV was tried, vLLM refusing it in any of the words it uses (the Triton kernel's 'fp8e4nv',
+# the flag '--kv-cache-dtype', the config field 'kv_cache_dtype', the prose 'KV cache dtype') is the end:
+# without fp8 the KV cache stays below the floor. Each phrase is tried on its own.
+@pytest.mark.parametrize("refusal", [
+    "ValueError: type fp8e4nv not supported in this architecture. The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')",
+    "error: argument --kv-cache-dtype: invalid choice: 'e4m3' (choose from 'auto', 'bfloat16')",
+    "ValueError: kv_cache_dtype=e4m3 is not supported by this attention backend",
+    "NotImplementedError: the KV cache dtype is not supported by this attention backend",
+])
+def test_a_refused_fp8_kv_cache_after_fp8_was_tried_gives_up(refusal: str) -> None:
+    out = R.decide(D(CONFIG, refusal), Flags.parse("--kv-cache-dtype fp8"),
+                   R.Context(requested=Flags(), tried=("kv_cache_fp8",)))
+    assert out == R.GiveUp("this GPU refuses fp8 KV cache, and without it the KV cache is below the floor",
+                           EX_TEMPFAIL, R.ADVICE)
+
+
+def test_another_refusal_after_fp8_was_tried_is_vllms_own_reason() -> None:
+    evidence = "ValueError: --max-num-seqs must be at least 1"
+    out = R.decide(D(CONFIG, evidence), Flags.parse("--kv-cache-dtype fp8 --max-num-seqs 0"),
+                   R.Context(requested=Flags(), tried=("kv_cache_fp8",)))
+    assert out == R.GiveUp("vLLM refused its configuration: ValueError: --max-num-seqs must be at least 1",
+                           EX_CONFIG, "correct the value vLLM names in the flags or in vLLM's --config file")
+
+
+# vLLM's refusal in the guard's own words (the detail) is the reason when the classifier read a number
+# that names the cause (GPUs, placement groups, a variable) or the detail quotes the whole line.
+@pytest.mark.parametrize("number", ["required_gpus", "required_placement_groups", "env_var"])
+def test_a_refusal_whose_number_names_the_cause_gives_the_detail(number: str) -> None:
+    d = Diagnosis(CONFIG, evidence="ValueError: the line", detail="vLLM needs 2 GPUs and sees 1", numbers={number: 2})
+    assert R.decide(d, Flags(), R.Context(requested=Flags())) == R.GiveUp("vLLM needs 2 GPUs and sees 1", EX_CONFIG)
+
+
+def test_a_detail_that_neither_names_the_cause_nor_quotes_the_line_is_not_the_reason() -> None:
+    d = Diagnosis(CONFIG, evidence="ValueError: the line", detail="something else", numbers={"other": 1})
+    assert R.decide(d, Flags(), R.Context(requested=Flags())).reason == \
+        "vLLM refused its configuration: ValueError: the line"
+
+
+def test_a_cause_without_a_detail_is_vllms_line() -> None:
+    d = Diagnosis(CONFIG, evidence="ValueError: the line", numbers={"required_gpus": 2})
+    assert R.decide(d, Flags(), R.Context(requested=Flags())).reason == \
+        "vLLM refused its configuration: ValueError: the line"
+
+
+def test_the_step_down_of_a_share_rounds_once_to_two_decimals() -> None:
+    """0.8751 - 0.05 = 0.8251, which is 0.83 to two decimals (rounding to three first would give 0.825,
+    written 0.82)."""
+    out = R.decide(replace(D(Kind.OOM_PROFILE), phase="kv_cache"), Flags.parse("--gpu-memory-utilization 0.8751"),
+                   R.Context(requested=Flags()))
+    assert isinstance(out, R.Relaunch) and out.step == "oom_kv_alloc"
+    assert out.flags == Flags.parse("--gpu-memory-utilization 0.83")
+
+
+CPU_FREE = {"free_gib": 3.10, "total_gib": 9.59}
+
+
+def test_a_cpu_share_that_leaves_the_kv_cache_exactly_nothing_grows():
+    """vLLM's CPU backend refuses a share whose KV part is 0 GiB (the worker's 4.0 GiB fill the 4.0 GiB
+    share): it grows by the 3.10 GiB available, (4.0 - (0 - 3.10)) / 9.59 - 0.005 = 0.735, so 0.73."""
+    d = D(FREE, requested_gib=0.0, cpu_kv_auto_gib=0.0, cpu_share_gib=4.0, **CPU_FREE)
+    out = R.decide(d, Flags.parse("--gpu-memory-utilization 0.42"), R.Context(requested=Flags()))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--gpu-memory-utilization 0.73")
+    assert out.why == ("the CPU memory share (4.0 GiB) left the KV cache nothing after the worker's own 4.00 GiB; "
+                       "0.73 gives it the 3.1 GiB available")
+
+
+@pytest.mark.parametrize("kv_auto", [0.5, 3.10])
+def test_a_cpu_share_whose_kv_part_fits_what_is_available_is_not_resized_by_it(kv_auto: float):
+    """A KV part above 0 and no more than the 3.10 GiB available is not what vLLM refused the share for:
+    the share is the one free memory allows, not one moved by the KV part: vLLM printed the free memory
+    (no CUDA context to take from it), 3.10 / 9.59 - 0.005 = 0.318, so 0.31."""
+    d = D(FREE, requested_gib=kv_auto, cpu_kv_auto_gib=kv_auto, cpu_share_gib=4.0, **CPU_FREE)
+    out = R.decide(d, Flags.parse("--gpu-memory-utilization 0.9"), R.Context(requested=Flags()))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--gpu-memory-utilization 0.31")
+    assert out.why == "only 3.1 of 9.59 GiB is free (other processes hold the rest); 0.31 stays under it"
+
+
+@pytest.mark.parametrize("numbers", [{"cpu_node": 1}, {"cpu_kv_auto_gib": 2.0, "cpu_share_gib": 4.0}])
+def test_free_memory_unknown_on_the_cpu_build_names_cpu_memory(numbers):
+    out = R.decide(D(FREE, **numbers), Flags(), R.Context(requested=Flags()))
+    assert out == R.GiveUp("other processes hold the CPU memory vLLM asked for", EX_TEMPFAIL,
+                           "free CPU memory, or lower --gpu-memory-utilization")
+
+
+def test_free_memory_unknown_on_a_gpu_names_the_gpu():
+    out = R.decide(D(FREE), Flags(), R.Context(requested=Flags()))
+    assert out == R.GiveUp("other processes hold the GPU memory vLLM asked for", EX_TEMPFAIL,
+                           "free the GPU, or lower --gpu-memory-utilization")
+
+
+def test_a_cpu_kv_space_between_one_and_two_gib_is_advised_in_whole_gib():
+    """1.5 GiB free: 1.5 x 0.9 = 1.35 GiB fit, so VLLM_CPU_KVCACHE_SPACE (whole GiB) can say 1."""
+    out = R.decide(D(FREE, free_gib=1.5, total_gib=9.59, cpu_kv_gib=64.0), Flags(),
+                   R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
+    assert out == R.GiveUp(
+        "the KV cache was set to 64.0 GiB, but only 1.5 of 9.59 GiB of CPU memory is available "
+        "(VLLM_CPU_KVCACHE_SPACE decides it, and vllm-guard does not change your environment)", EX_CONFIG,
+        "set VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) to at most 1 GiB, or free memory on this machine")
+
+
+def test_a_cpu_kv_space_refusal_without_the_free_or_total_figures_says_only_what_vllm_printed():
+    """vLLM's line without the node's total: no 'of ...'; without the free figure: nothing is known to fit."""
+    out = R.decide(D(FREE, free_gib=2.0, cpu_kv_gib=64.0), Flags(), R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
+    assert isinstance(out, R.GiveUp) and out.reason.startswith(
+        "the KV cache was set to 64.0 GiB, but only 2.0 GiB of CPU memory is available (")
+    out = R.decide(D(FREE, cpu_kv_gib=64.0), Flags(), R.Context(requested=Flags(), cpu_kv_space_gib=64.0))
+    assert isinstance(out, R.GiveUp)
+    assert out.advice == "no KV cache fits in the 0.0 GiB of CPU memory available: free memory on this machine"
+
+
+PROFILED = ("oom_profile:max_num_seqs", "oom_profile:max_num_batched_tokens")   # the steps before the share
+
+
+@pytest.mark.parametrize(("flags", "version", "then"), [
+    ("", "0.10.2", "0.85"),       # vLLM's default before 0.20 is 0.90: 0.90 - 0.05
+    ("", "0.32.0", "0.87"),       # 0.92 from 0.20: 0.92 - 0.05
+    ("--gpu-memory-utilization 0.8751", None, "0.83"),   # 0.8251 to two decimals, once
+    ("--gpu-memory-utilization 0.55", None, "0.5"),      # 0.50 is still a share the step takes
+])
+def test_oom_while_profiling_lowers_the_share_by_005(flags: str, version: str | None, then: str):
+    out = R.decide(D(Kind.OOM_PROFILE), Flags.parse(flags),
+                   R.Context(requested=Flags(), tried=PROFILED, vllm_version=version))
+    assert out == R.Relaunch(
+        Flags.parse(f"--gpu-memory-utilization {then}"),
+        (R.Change("--gpu-memory-utilization", Flags.parse(flags).get("--gpu-memory-utilization"), then,
+                  "profiling ran out of memory; a lower utilization leaves more headroom outside vLLM's budget"),),
+        "profiling ran out of memory; a lower utilization leaves more headroom outside vLLM's budget",
+        step="oom_profile:lower_utilization")
+
+
+def test_oom_while_profiling_below_a_half_share_gives_up():
+    out = R.decide(D(Kind.OOM_PROFILE), Flags.parse("--gpu-memory-utilization 0.54"),
+                   R.Context(requested=Flags(), tried=PROFILED))
+    assert out == R.GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been tried",
+                           EX_TEMPFAIL, R.ADVICE)

@@ -111,7 +111,8 @@ FIELD_NAMES = {"host", "port", "version", "url", "launch", "phase", "percent", "
 #: The page's own class names: the only attribute values a snapshot's strings may choose between.
 CLASSES = ({f"badge state-{s.value}" for s in State} | {"badge state-unknown", "nw failed", "nw died", "nw healthy",
            "nw ", "nw", "mono nw", "", "mono", "model", "wide", "muted", "controls", "danger", "legend"}
-           | {f"seg-{n}" for n in ("weights", "activation", "non_torch", "cudagraph", "overhead", "other_processes",
+           | {f"seg-{n}" for n in ("weights", "activation", "non_torch", "cudagraph", "overhead", "runtime",
+                                   "other_processes",
                                    "kv_cache", "unused")})
 
 HOSTILE = ["<script>alert(1)</script>", "</pre><img src=x onerror=alert(1)>", "\"><svg onload=alert(1)>",

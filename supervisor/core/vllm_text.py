@@ -815,6 +815,12 @@ class Normalizer:
             return seg
         body = seg.lstrip(" \t")
         if not body:
+            rest = seg[self._block_lead:]
+            if rest and (self._partial or self._json_buf):
+                # not a blank line: the terminal's wrap of a line that ended in spaces (the kubelet cuts a
+                # partial entry after a fixed count, on a space as often as mid-word), and those spaces are
+                # the text's, between the words the joined entry puts back side by side
+                return rest
             self._new_block = True
             return ""
         lead = len(seg) - len(body)

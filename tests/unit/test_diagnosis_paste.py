@@ -194,12 +194,15 @@ def _newest_first(name: str) -> list[Paste]:
     return [_carrier(name), NEWEST_FIRST]
 
 
+QUOTES = ["> ", ">", "> > "]                  # a markdown quote, as people type it
+INDENTS = ["    ", "  ", "\t", "        "]      # a code block, a list item's paste
+
 TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "wrap": st.integers(min_value=60, max_value=160).map(lambda w: [_wrap(w)]),
     "carrier": st.sampled_from(sorted(CARRIER_LINES)).map(lambda n: [_carrier(n)]),
     "cri-partial": st.just([Paste("CRI partial lines", _cri_partial, 2)]),
-    "quote": st.sampled_from(["> ", ">", "> > "]).map(lambda q: [_quote(q)]),
-    "indent": st.sampled_from(["    ", "  ", "\t", "        "]).map(lambda p: [_indent(p)]),
+    "quote": st.sampled_from(QUOTES).map(lambda q: [_quote(q)]),
+    "indent": st.sampled_from(INDENTS).map(lambda p: [_indent(p)]),
     "lower": st.just([LOWER]),
     "newest-first": st.sampled_from(STAMPED).map(_newest_first),
 }
@@ -377,8 +380,8 @@ def test_every_carrier_with_every_catalogue_message_keeps_its_kind_phase_and_num
 
 # --------------------------------------------------------------------------- a wrap piece of only spaces
 #: how a paste's lines may be set off: as they are, indented (a code block, a list item's), quoted
-_SET_OFF: list[Callable[[], list[Paste]]] = [lambda: [], lambda: [_indent("    ")], lambda: [_indent("\t")],
-                                            lambda: [_indent("  ")], lambda: [_quote("> ")]]
+_SET_OFF: list[Callable[[], list[Paste]]] = [lambda: [], *[lambda p=p: [_indent(p)] for p in INDENTS],
+                                            *[lambda q=q: [_quote(q)] for q in QUOTES]]
 _CRI_PARTIAL = Paste("CRI partial lines", _cri_partial, 2)
 
 

@@ -20,6 +20,7 @@ Where each carrier's format comes from: ``docs/failure-catalogue.md``, "How logs
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import re
@@ -586,16 +587,21 @@ class Recaser:
         if found:
             # the longest phrase wins where phrases overlap ("on kv cache allocation ..." stays lower case)
             found.sort(key=lambda lc: -len(lc[0]))
+            # the spans taken, disjoint, by start: a span overlaps one only if it overlaps the last that
+            # starts before its end (a bisection, so a long line that repeats a phrase stays linear)
+            starts: list[int] = []
             taken: list[tuple[int, int, str]] = []
             for low, cased in found:
                 i = out.find(low)
                 while i >= 0:
                     j = i + len(low)
-                    if not any(a < j and i < b for a, b, _ in taken):
-                        taken.append((i, j, cased))
+                    k = bisect.bisect_left(starts, j)
+                    if k == 0 or taken[k - 1][1] <= i:
+                        starts.insert(k, i)
+                        taken.insert(k, (i, j, cased))
                     i = out.find(low, j)
             pieces, at = [], 0
-            for i, j, cased in sorted(taken):
+            for i, j, cased in taken:
                 pieces.append(out[at:i])
                 pieces.append(cased)
                 at = j
@@ -625,6 +631,28 @@ _PARTIAL_CAP = 1 << 20           # a CRI partial line joined up to this many cha
 _JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is given up at this many characters
 
 
+class _Pieces:
+    """A line being put together from pieces (a CRI file's partial lines), up to :data:`_PARTIAL_CAP`
+    characters: kept as a list and joined once, so a long run of partial lines costs each piece once,
+    not the line so far again (a run that never closes is a garbled log, not a reason to hang)."""
+
+    __slots__ = ("_pieces", "_size")
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+        self._size = 0
+
+    def add(self, piece: str) -> None:
+        room = _PARTIAL_CAP - self._size
+        if room > 0 and piece:
+            piece = piece[:room]
+            self._pieces.append(piece)
+            self._size += len(piece)
+
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+
 class Normalizer:
     """The one normalisation of vLLM's text, line by line: :meth:`feed` a line (str or bytes), get the
     records the rules read, in the order they read them; :meth:`flush` at the end.
@@ -648,7 +676,7 @@ class Normalizer:
         self._quote = ""                            # ... and its markers, as its first line wrote them
         self._all_quoted = True                     # every line so far began with ">"
         self._json_buf = ""                         # a JSON log line being put back together
-        self._partial: dict[str | None, str] = {}
+        self._partial: dict[str | None, _Pieces] = {}      # CRI partial lines being joined, by stream
         # order of a time-stamped log: None unknown, "in" oldest first, "newest" newest first
         self._order: str | None = None
         self._held: list[list[tuple[str, int, str | None]]] = []   # entries: their (text, width, carried) lines
@@ -721,7 +749,7 @@ class Normalizer:
             rest, self._json_buf = self._json_buf, ""
             self._ordered(rest, len(rest), None, None)
         for stream in list(self._partial):
-            rest = self._partial.pop(stream)
+            rest = self._partial.pop(stream).text()
             self._carried(rest, _WRAP_MAX + 1, rest)
         if self._held:
             if self._order is None:
@@ -753,9 +781,13 @@ class Normalizer:
         width = len(seg)
         c = seg[:1]
         if self._json_buf or (c == "{" and seg[:2] == '{"' and not _json_closed(seg)):
-            # a JSON log line the terminal wrapped: its pieces until the object closes
+            # a JSON log line the terminal wrapped: its pieces until the object closes. Every piece but the
+            # last is as wide as the terminal, so a narrower one that leaves it open ends it, and only a
+            # piece that ends in a brace can close it: a run of lines that never closes costs a parse per
+            # brace-ended piece of a wrap's width, not one per line of the whole run
             self._json_buf += seg
-            if not _json_closed(self._json_buf) and len(self._json_buf) < _JSON_WRAP_CAP:
+            if (len(seg) >= _WRAP_MIN and len(self._json_buf) < _JSON_WRAP_CAP
+                    and not (seg.rstrip()[-1:] == "}" and _json_closed(self._json_buf))):
                 return
             seg, self._json_buf = self._json_buf, ""
             c = "{"
@@ -768,8 +800,7 @@ class Normalizer:
         p = strip_carriers(seg)
         if not p.carriers:
             if self._partial:          # the terminal's wrap of a partial line of a CRI file
-                stream = next(reversed(self._partial))
-                self._partial[stream] = (self._partial[stream] + seg)[:_PARTIAL_CAP]
+                self._partial[next(reversed(self._partial))].add(seg)
                 return
             self._ordered(seg, width, None, None)
             return
@@ -779,11 +810,12 @@ class Normalizer:
             return
         self.carriers[p.carriers[0]] += 1
         if p.partial or p.stream in self._partial:
-            before = self._partial.pop(p.stream, "")
+            joined = self._partial.pop(p.stream, None) or _Pieces()
+            joined.add(text)
             if p.partial:
-                self._partial[p.stream] = (before + text)[:_PARTIAL_CAP]
+                self._partial[p.stream] = joined        # (the stream last written to is the last one)
                 return
-            self._ordered(before + text, width, "", p.ts)     # carried, but no longer one line of it
+            self._ordered(joined.text(), width, "", p.ts)     # carried, but no longer one line of it
             return
         self._ordered(text, width, seg, p.ts)
 
@@ -815,6 +847,12 @@ class Normalizer:
             return seg
         body = seg.lstrip(" \t")
         if not body:
+            rest = seg[self._block_lead:]
+            if rest and (self._partial or self._json_buf):
+                # not a blank line: the terminal's wrap of a line that ended in spaces (the kubelet cuts a
+                # partial entry after a fixed count, on a space as often as mid-word), and those spaces are
+                # the text's, between the words the joined entry puts back side by side
+                return rest
             self._new_block = True
             return ""
         lead = len(seg) - len(body)

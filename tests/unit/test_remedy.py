@@ -1347,3 +1347,98 @@ def test_oom_while_profiling_below_a_half_share_gives_up():
                    R.Context(requested=Flags(), tried=PROFILED))
     assert out == R.GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been tried",
                            EX_TEMPFAIL, R.ADVICE)
+
+
+# -- the KV rule's length, and the reason it gives when the length cannot do it, word for word --------
+MML_, KVD, CHUNKED_ = "--max-model-len", "--kv-cache-dtype", "--enable-chunked-prefill"
+ONLY_LENGTH = RemedyConfig(allowed=("max_model_len",))         # no fp8, no freed memory: the rule's own reason
+NO_LENGTH = RemedyConfig(allowed=("restart",))                 # the length may not change
+V0_CHUNK_WHY = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory "
+                "profile, and so the KV cache, as measured")
+
+
+def _kv(failure: Diagnosis, flags: str = "", asked: str | None = None, **knows: Any) -> R.Decision:
+    return R.decide(failure, Flags.parse(flags), R.Context(requested=Flags.parse(flags if asked is None else asked),
+                                                           **knows))
+
+
+@pytest.mark.parametrize(("failure", "flags", "asked", "knows", "changes"), [
+    # the length asked for is below vLLM's estimate and the length launched: the length asked for
+    (D(KV, max_model_len=16384, fit_max_model_len=12000), "--max-model-len 16384", "--max-model-len 8192", {},
+     ((MML_, "16384", "8192", "the KV cache holds about 12000 tokens (vLLM's estimate), not 16384; 8192 is the 8192 "
+       "asked for, aligned down to the 16-token block"),)),
+    # exactly the floor (--min-model-len 2048) is still a length
+    (D(KV, max_model_len=4096, fit_max_model_len=2048), "", None, {},
+     ((MML_, None, "2048", "the KV cache holds about 2048 tokens (vLLM's estimate), not 4096; 2048 is that, "
+       "aligned down to the 16-token block"),)),
+    # V0 chunked prefill by itself above 32768 tokens: a relaunch at 32768 or below asks for it
+    (D(KV, max_model_len=32769, fit_max_model_len=30000), "--max-model-len 32769", None, {"vllm_version": "0.6.6"},
+     ((MML_, "32769", "30000", "the KV cache holds about 30000 tokens (vLLM's estimate), not 32769; 30000 is that, "
+       "aligned down to the 16-token block"), (CHUNKED_, None, "", V0_CHUNK_WHY))),
+    (D(KV, max_model_len=40960, fit_max_model_len=32768), "--max-model-len 40960", None, {"vllm_version": "0.6.6"},
+     ((MML_, "40960", "32768", "the KV cache holds about 32768 tokens (vLLM's estimate), not 40960; 32768 is that, "
+       "aligned down to the 16-token block"), (CHUNKED_, None, "", V0_CHUNK_WHY))),
+    # fp8 doubles 1024 tokens to exactly the floor
+    (D(KV, max_model_len=4096, fit_max_model_len=1024), "", None, {},
+     ((KVD, None, "fp8", "only 1024 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
+      (MML_, None, "2048", "about 2048 tokens fit with fp8 KV"))),
+    # fp8 doubles 1500 tokens past the 2560 launched: the length stays as it is
+    (D(KV, max_model_len=2560, fit_max_model_len=1500), "--max-model-len 2560", None, {},
+     ((KVD, None, "fp8", "only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),)),
+    # 0.7's GiB ratio, not vLLM's own estimate: V0's chunked-prefill gain is not added to it
+    (D(KV, max_model_len=4096, kv_needed_gib=2.0, kv_available_gib=1.0), "", None,
+     {"vllm_version": "0.7.3", "sizing": sized("0.7.3")},
+     # 4096 x 1.0/2.0 x 0.97 - 16 = 1970 tokens; fp8 doubles them to 3940, 3936 in whole blocks
+     ((KVD, None, "fp8", "only 1970 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
+      (MML_, None, "3936", "about 3936 tokens fit with fp8 KV"))),
+], ids=["the length asked for", "exactly the floor", "from 32769 on V0", "to exactly 32768 on V0",
+        "fp8 to exactly the floor", "fp8 past the length launched", "a GiB ratio on V0"])
+def test_the_kv_rule_changes_in_full(failure, flags, asked, knows, changes):
+    out = _kv(failure, flags, asked, **knows)
+    assert isinstance(out, R.Relaunch), out
+    assert tuple((c.flag, c.old, c.new, c.why) for c in out.changes) == changes
+    want = Flags.parse(flags)
+    for flag, _old, new, _why in changes:
+        want = want.set(flag, new) if new else want.set(flag)
+    assert out.flags == want
+
+
+@pytest.mark.parametrize(("failure", "flags", "knows", "reason"), [
+    (D(KV, max_model_len=4096, fit_max_model_len=1000), "", {"rules": ONLY_LENGTH},
+     "the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048"),
+    # 2005 tokens are above a floor of 2001, but 2000 in whole blocks are not
+    (D(KV, max_model_len=4096, fit_max_model_len=2005), "", {"rules": RemedyConfig(allowed=("max_model_len",),
+                                                                                     min_model_len=2001)},
+     "only 2000 tokens fit in whole 16-token blocks, below the floor of 2001"),
+    (D(KV, max_model_len=4096, fit_max_model_len=2001), "", {"rules": RemedyConfig(allowed=("max_model_len",),
+                                                                                     min_model_len=2001)},
+     "only 2000 tokens fit in whole 16-token blocks, below the floor of 2001"),
+    (D(KV, max_model_len=4096, fit_max_model_len=2048), "", {"rules": NO_LENGTH},
+     "only 2048 of the 4096 tokens fit, and the remedies allowed do not include the length"),
+    (D(KV, fit_max_model_len=3000), "", {"rules": NO_LENGTH},
+     "only 3000 tokens fit, and the remedies allowed do not include the length"),
+    (D(KV, max_model_len=3000), "", {"rules": ONLY_LENGTH},
+     "the KV cache cannot hold 3000 tokens and vLLM printed no size for it; 1488 is half of 3000 in whole "
+     "16-token blocks, below the floor of 2048"),
+    (D(KV, max_model_len=8192), "", {"rules": NO_LENGTH},
+     "the KV cache cannot hold 8192 tokens and vLLM printed no size for it; the remedies allowed do not include "
+     "the length"),
+    (D(KV, max_model_len=4096), "", {"rules": NO_LENGTH},      # half of it is exactly the floor
+     "the KV cache cannot hold 4096 tokens and vLLM printed no size for it; the remedies allowed do not include "
+     "the length"),
+    (D(KV, max_model_len=4096, fit_max_model_len=1000), "--kv-cache-dtype fp8", {"rules": ONLY_LENGTH},
+     "the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048 even with fp8 KV"),
+    (D(KV, max_model_len=4096, fit_max_model_len=1000), "",
+     {"tried": ("kv_cache_fp8", "kv_small:enforce_eager", "kv_small:max_num_batched_tokens")},
+     "the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048 even with fp8 KV"),
+], ids=["below the floor", "below it in whole blocks", "at it, below in whole blocks", "no length change allowed",
+        "no length known", "half of no size, below the floor", "no size, no length change",
+        "half is the floor, no length change", "already fp8", "fp8 tried"])
+def test_the_kv_rule_gives_up_saying_what_holds_the_length(failure, flags, knows, reason):
+    assert _kv(failure, flags, **knows) == R.GiveUp(reason, EX_TEMPFAIL, R.ADVICE)
+
+
+def test_the_kv_rule_does_not_take_fp8_twice():
+    out = _kv(D(KV, max_model_len=4096, fit_max_model_len=1000), "", tried=("kv_cache_fp8",), vllm_version="0.32.0")
+    assert isinstance(out, R.Relaunch) and out.step == "kv_small:enforce_eager", out
+    assert not out.flags.has(KVD)

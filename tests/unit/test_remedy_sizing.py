@@ -226,6 +226,13 @@ def test_v0_below_the_floor_takes_fp8_with_chunked_prefill_in_one_relaunch():
     assert isinstance(out, R.Relaunch) and out.step == "kv_cache_fp8", out
     assert out.flags.get("--kv-cache-dtype") == "fp8" and out.flags.enabled("--enable-chunked-prefill")
     assert not out.flags.has("--enforce-eager")        # graphs are captured outside V0's budget: no gain
+    kv, chunked, length = out.changes
+    assert (kv.flag, kv.why) == ("--kv-cache-dtype", f"only {fit} tokens fit, below the floor of 2048; fp8 KV "
+                                                    "doubles the capacity")
+    assert chunked.flag == "--enable-chunked-prefill" and chunked.why.startswith(f"vLLM V0 measured {fit} tokens")
+    doubled = 2 * (fit + int(_v0_gain(chunked) * 0.97)) // 16 * 16    # the gain less 3%, doubled, in whole blocks
+    assert (length.flag, length.new, length.why) == ("--max-model-len", str(doubled),
+                                                     f"about {doubled} tokens fit with fp8 KV")
     assert serves(name, version, out.flags).kind is None, serves(name, version, out.flags)
 
 

@@ -1442,3 +1442,62 @@ def test_the_kv_rule_does_not_take_fp8_twice():
     out = _kv(D(KV, max_model_len=4096, fit_max_model_len=1000), "", tried=("kv_cache_fp8",), vllm_version="0.32.0")
     assert isinstance(out, R.Relaunch) and out.step == "kv_small:enforce_eager", out
     assert not out.flags.has(KVD)
+
+
+# -- free memory: the share under what other processes leave, at its edges --------------------------
+UTIL_ = "--gpu-memory-utilization"
+
+
+def _share(why: str, util: str, flags: str = "") -> R.Relaunch:
+    return R.Relaunch(Flags.parse(flags).set(UTIL_, util), (R.Change(UTIL_, Flags.parse(flags).get(UTIL_), util, why),),
+                      why, step="gpu_memory_utilization_free")
+
+
+@pytest.mark.parametrize(("failure", "flags", "knows", "then"), [
+    # vLLM's own free figure (its CUDA context already made): 12.88 / 16 - 0.005 = 0.80 exactly
+    (D(FREE, free_gib=12.88, total_gib=16.0, requested_utilization=0.9), "", {},
+     _share("only 12.88 of 16.0 GiB is free (other processes hold the rest); 0.80 stays under it", "0.8")),
+    # the total not printed: the free figure is not vLLM's, its 0.4 GiB CUDA context comes off it:
+    # (18.66 - 0.4) / 22.06 - 0.005 = 0.822 -> 0.82
+    (D(FREE, free_gib=18.66, requested_utilization=0.9), "", {"gpu_total_gib": 22.06},
+     _share("only 18.66 of 22.06 GiB is free (other processes hold the rest); 0.82 stays under it", "0.82")),
+    # the CPU share left the KV cache 0.5 - 0.3 = 0.2 GiB short: (8.0 - 0.2) / 16 - 0.005 = 0.4825 -> 0.48
+    (D(FREE, free_gib=0.3, total_gib=16.0, cpu_kv_auto_gib=0.5, cpu_share_gib=8.0), "", {},
+     _share("the CPU memory share left the KV cache 0.20 GiB short of the 0.3 GiB available; 0.48 shrinks the "
+            "share by that", "0.48")),
+    # ... with a margin of 0.05: (8.0 - 0.2) / 16 - 0.05 = 0.4375 -> 0.43
+    (D(FREE, free_gib=0.3, total_gib=16.0, cpu_kv_auto_gib=0.5, cpu_share_gib=8.0), "",
+     {"rules": RemedyConfig(utilization_margin=0.05)},
+     _share("the CPU memory share left the KV cache 0.20 GiB short of the 0.3 GiB available; 0.43 shrinks the "
+            "share by that", "0.43")),
+    # the worker's memory filled the share: it grows by the 8.1 GiB available, (8 + 8.1) / 16 - 0.005 -> 1.00
+    (D(FREE, free_gib=8.1, total_gib=16.0, cpu_kv_auto_gib=0.0, cpu_share_gib=8.0), "", {},
+     _share("the CPU memory share (8.0 GiB) left the KV cache nothing after the worker's own 8.00 GiB; 1.00 gives "
+            "it the 8.1 GiB available", "1")),
+], ids=["vLLM's figure, exactly 0.80", "no total printed: NVML's figure", "a CPU share too big",
+        "a CPU share too big, a wider margin", "a CPU share grown to all of it"])
+def test_free_memory_share_in_full(failure, flags, knows, then):
+    assert _kv(failure, flags, **knows) == then
+
+
+@pytest.mark.parametrize(("failure", "flags", "reason", "advice"), [
+    # the share vLLM ran with (as the log says) is already under what is free: nothing to lower
+    (D(FREE, free_gib=20.0, total_gib=22.06, requested_utilization=0.5), "",
+     "only 20.0/22.06 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+    # no share known: vLLM's whole-GPU reading; all of it free leaves 1.00, no lower
+    (D(FREE, free_gib=22.2, total_gib=22.06), "",
+     "only 22.2/22.06 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+    # exactly the share launched: 12.88 / 16 - 0.005 = 0.80
+    (D(FREE, free_gib=12.88, total_gib=16.0), "--gpu-memory-utilization 0.8",
+     "only 12.88/16.0 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+    # 0.88 / 16 - 0.005 = 0.05: no share worth launching
+    (D(FREE, free_gib=0.88, total_gib=16.0, requested_utilization=0.9), "",
+     "only 0.88/16.0 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+    # the CPU share would "grow" to what it is: (8 + 0.08) / 16 - 0.005 = 0.50 = 8 / 16
+    (D(FREE, free_gib=0.08, total_gib=16.0, cpu_kv_auto_gib=0.0, cpu_share_gib=8.0), "",
+     "only 0.08/16.0 GiB is free on CPU memory; other processes hold the rest",
+     "free CPU memory (see the processes holding it)"),
+], ids=["under the share logged", "all of it free", "exactly the share launched", "0.05 of the GPU",
+        "a CPU share that cannot grow"])
+def test_free_memory_gives_up_where_no_lower_share_helps(failure, flags, reason, advice):
+    assert _kv(failure, flags) == R.GiveUp(reason, EX_TEMPFAIL, advice)

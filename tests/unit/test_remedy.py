@@ -1501,3 +1501,30 @@ def test_free_memory_share_in_full(failure, flags, knows, then):
         "a CPU share that cannot grow"])
 def test_free_memory_gives_up_where_no_lower_share_helps(failure, flags, reason, advice):
     assert _kv(failure, flags) == R.GiveUp(reason, EX_TEMPFAIL, advice)
+
+
+CPU_SHARE_SHORT = D(FREE, free_gib=4.0, total_gib=64.0, requested_gib=10.0, cpu_kv_auto_gib=10.0, cpu_share_gib=30.0,
+                    max_model_len=131072)
+# (30 - (10 - 4)) / 64 - 0.005 = 0.37
+CPU_SHARE_WHY = "the CPU memory share left the KV cache 6.00 GiB short of the 4.0 GiB available; 0.37 shrinks the share by that"
+
+
+def test_a_cpu_share_shrunk_under_free_memory_with_the_model_known_lets_vllm_size_the_length():
+    """Llama-3.1-8B's 15 GiB of weights in 0.37 x 64 GiB leave no room for 131072 tokens of KV cache."""
+    flags = Flags.parse("--max-model-len 131072")
+    out = R.decide(CPU_SHARE_SHORT, flags, R.Context(requested=flags, vllm_version="0.32.0", block_size=128,
+                                                     sizing=sized("0.32.0", LLAMA, platform="cpu")))
+    assert isinstance(out, R.Relaunch) and out.step == "gpu_memory_utilization_free"
+    share, length = out.changes
+    assert share == R.Change(UTIL_, None, "0.37", CPU_SHARE_WHY)
+    assert (length.flag, length.old, length.new) == (MML_, "131072", "auto")
+    assert length.why.startswith("131072 tokens do not fit in the KV cache at utilization 0.37; ")
+    assert out.flags == Flags.parse("--max-model-len auto --gpu-memory-utilization 0.37")
+
+
+def test_a_cpu_share_shrunk_keeps_the_length_where_the_rules_do_not_allow_changing_it():
+    flags = Flags.parse("--max-model-len 131072")
+    out = R.decide(CPU_SHARE_SHORT, flags, R.Context(
+        requested=flags, vllm_version="0.32.0", block_size=128, sizing=sized("0.32.0", LLAMA, platform="cpu"),
+        rules=RemedyConfig(allowed=("gpu_memory_utilization", "kv_cache_fp8"))))
+    assert out == _share(CPU_SHARE_WHY, "0.37", "--max-model-len 131072")

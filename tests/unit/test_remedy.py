@@ -1528,3 +1528,47 @@ def test_a_cpu_share_shrunk_keeps_the_length_where_the_rules_do_not_allow_changi
         requested=flags, vllm_version="0.32.0", block_size=128, sizing=sized("0.32.0", LLAMA, platform="cpu"),
         rules=RemedyConfig(allowed=("gpu_memory_utilization", "kv_cache_fp8"))))
     assert out == _share(CPU_SHARE_WHY, "0.37", "--max-model-len 131072")
+
+
+# -- the no-KV ladder, step by step, each reason word for word ------------------------------------
+NO_KV_GAVE_UP = R.GiveUp("the weights and activations leave no memory for the KV cache, and every allowed remedy has "
+                         "been tried", EX_TEMPFAIL, R.ADVICE)
+EAGER_WHY = "no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take"
+
+
+@pytest.mark.parametrize(("flags", "knows", "then"), [
+    # 0.10's default share is 0.90 (0.92 only from 0.20): with nothing known about free memory, no higher
+    ("", {"vllm_version": "0.10.2"},
+     R.Relaunch(Flags.parse("--enforce-eager"), (R.Change("--enforce-eager", None, "", EAGER_WHY),), EAGER_WHY,
+                step="no_kv:enforce_eager")),
+    ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0},
+     R.Relaunch(Flags.parse("--enforce-eager"), (R.Change("--enforce-eager", None, "", EAGER_WHY),), EAGER_WHY,
+                step="no_kv:enforce_eager")),
+    # 37.52 GiB free of 40, less 0.5 GiB for the graphs 0.10 captures outside its share and its 0.4 GiB CUDA
+    # context: (37.52 - 0.5 - 0.4) / 40 - 0.005 = 0.9105 -> 0.91, above the 0.90 it ran with
+    ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0, "gpu_free_gib": 37.52},
+     R.Relaunch(Flags.parse("--gpu-memory-utilization 0.91"),
+                (R.Change(UTIL_, None, "0.91", "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more"),),
+                "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more", step="no_kv:gpu_memory_utilization")),
+    # a margin of 0.05: (37.52 - 0.9) / 40 - 0.05 = 0.8655 -> 0.86, no more than 0.90
+    ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0, "gpu_free_gib": 37.52,
+          "rules": RemedyConfig(utilization_margin=0.05)},
+     R.Relaunch(Flags.parse("--enforce-eager"), (R.Change("--enforce-eager", None, "", EAGER_WHY),), EAGER_WHY,
+                step="no_kv:enforce_eager")),
+    ("--max-num-seqs 256", {"rules": RemedyConfig(no_kv_order=("max_num_seqs",))},
+     R.Relaunch(Flags.parse("--max-num-seqs 128"),
+                (R.Change("--max-num-seqs", "256", "128", "fewer concurrent sequences lower the activation peak"),),
+                "fewer concurrent sequences lower the activation peak", step="no_kv:max_num_seqs")),
+    ("", {"vllm_version": "0.10.2", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=1)},
+     R.Relaunch(Flags.parse("--cpu-offload-gb 1"),
+                (R.Change("--cpu-offload-gb", None, "1", "offloading 1 GiB of weights to CPU leaves GPU memory for "
+                          "the KV cache (slow)"),),
+                "offloading 1 GiB of weights to CPU leaves GPU memory for the KV cache (slow)",
+                step="no_kv:cpu_offload")),
+    # offloading is off at 0 GiB (the default)
+    ("", {"vllm_version": "0.10.2", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=0)},
+     NO_KV_GAVE_UP),
+], ids=["0.10: the default share, nothing known", "0.10: only the total known", "0.10: room for 0.91",
+        "0.10: a wider margin leaves no room", "fewer sequences", "offload 1 GiB", "offload off"])
+def test_the_no_kv_ladder_in_full(flags, knows, then):
+    assert _kv(D(NO_KV), flags, **knows) == then

@@ -1572,3 +1572,43 @@ EAGER_WHY = "no memory was left for the KV cache; eager mode frees what CUDA gra
         "0.10: a wider margin leaves no room", "fewer sequences", "offload 1 GiB", "offload off"])
 def test_the_no_kv_ladder_in_full(flags, knows, then):
     assert _kv(D(NO_KV), flags, **knows) == then
+
+
+# -- the plan foresees the length a relaunch's other flags leave room for ----------------------------
+def _no_kv_foreseen(numbers: dict, **knows: Any) -> R.Decision:
+    """No KV memory on 0.10.1 at a share of 0.8 the user set (a ceiling): eager mode is the next step,
+    and the plan says how much of Llama-3.1-8B's 131072 tokens then fit on an L4."""
+    flags = Flags.parse("--gpu-memory-utilization 0.8")
+    ctx = {"requested": flags, "vllm_version": "0.10.1.1", "sizing": sized("0.10.1.1", compute_capability=(8, 9)),
+           "gpu_total_gib": 22.06, **knows}
+    return R.decide(D(NO_KV, **numbers), flags, R.Context(**ctx))
+
+
+EAGER_STEP = R.Change("--enforce-eager", None, "", EAGER_WHY)
+
+
+def test_the_plan_cuts_the_length_the_relaunch_leaves_no_room_for():
+    out = _no_kv_foreseen({})
+    assert isinstance(out, R.Relaunch) and out.step == "no_kv:enforce_eager"
+    eager, length = out.changes
+    assert eager == EAGER_STEP
+    assert (length.flag, length.old) == (MML_, None) and int(length.new) < 131072
+    assert length.why.startswith("with the relaunch's other flags, 131072 tokens do not fit in the KV cache at "
+                                 "utilization 0.80; ")
+    assert out.flags == Flags.parse(f"--gpu-memory-utilization 0.8 --enforce-eager --max-model-len {length.new}")
+    busy = _no_kv_foreseen({}, gpu_free_gib=18.0)       # other processes hold 4 GiB: less room still
+    assert int(busy.flags.get_int(MML_)) < int(length.new)
+
+
+def test_the_plan_never_raises_the_length_vllm_ran_with():
+    foreseen = _no_kv_foreseen({}).flags.get_int(MML_)
+    for ran in (4096, foreseen):          # below the plan's length, and exactly it
+        out = _no_kv_foreseen({"max_model_len": ran})
+        assert out == R.Relaunch(Flags.parse("--gpu-memory-utilization 0.8 --enforce-eager"), (EAGER_STEP,),
+                                 EAGER_WHY, step="no_kv:enforce_eager")
+
+
+def test_the_plan_leaves_the_length_alone_where_the_rules_do_not_allow_changing_it():
+    out = _no_kv_foreseen({}, rules=RemedyConfig(allowed=("gpu_memory_utilization", "enforce_eager")))
+    assert out == R.Relaunch(Flags.parse("--gpu-memory-utilization 0.8 --enforce-eager"), (EAGER_STEP,),
+                             EAGER_WHY, step="no_kv:enforce_eager")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import RemedyConfig
+from supervisor.core import plan as P
 from supervisor.core import remedy as R
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
@@ -526,6 +527,7 @@ WHOLE: dict[str, tuple[Any, ...]] = {
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 LLAMA = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
 TINY_CPU = load_model_info(str(MODELS / "tiny-llama-cpu"))
+QWEN7B = load_model_info(str(MODELS / "Qwen2.5-7B-Instruct"))
 
 
 def sized(version: str | None, info: Any = LLAMA, **kw: Any) -> Sizing:
@@ -1612,3 +1614,76 @@ def test_the_plan_leaves_the_length_alone_where_the_rules_do_not_allow_changing_
     out = _no_kv_foreseen({}, rules=RemedyConfig(allowed=("gpu_memory_utilization", "enforce_eager")))
     assert out == R.Relaunch(Flags.parse("--gpu-memory-utilization 0.8 --enforce-eager"), (EAGER_STEP,),
                              EAGER_WHY, step="no_kv:enforce_eager")
+
+
+# -- V0's chunked-prefill gain: the launch's own flags size it ---------------------------------------
+def _v0_fp8(flags: str, length: int, version: str = "0.6.6", info: Any = LLAMA) -> R.Decision:
+    """1100 tokens fit on V0, below the floor: fp8 (2200 tokens), and chunked prefill where its profile frees memory."""
+    return _kv(D(KV, max_model_len=length, fit_max_model_len=1100), flags, vllm_version=version,
+               sizing=sized(version, info))
+
+
+def _gain_said(out: R.Relaunch) -> int | None:
+    said = [c.why for c in out.changes if c.flag == CHUNKED_]
+    return int(said[0].split("room for about ")[1].split(" more")[0]) if said else None
+
+
+@pytest.mark.parametrize(("flags", "gain_args"), [
+    ("", {}),
+    ("--dtype float32", {"dtype": "float32"}),
+    ("--tensor-parallel-size 2", {"tp": 2}),
+    ("--max-num-seqs 64", {"seqs": 64}),
+])
+def test_v0_chunked_prefill_gain_is_sized_for_the_launchs_flags(flags, gain_args):
+    """The gain is the plan's (``v0_chunked_gain_tokens``, its arithmetic pinned in test_remedy_sizing)
+    for this launch's dtype, tensor parallelism and sequences, from 8192 tokens to V0's 2048-token chunk."""
+    out = _v0_fp8(f"--max-model-len 8192 {flags}", 8192)
+    assert isinstance(out, R.Relaunch) and out.flags.enabled(CHUNKED_)
+    gain = P.v0_chunked_gain_tokens(LLAMA, from_tokens=8192, to_tokens=2048, **gain_args)
+    assert _gain_said(out) == gain
+    if gain_args:
+        assert gain != P.v0_chunked_gain_tokens(LLAMA, from_tokens=8192, to_tokens=2048)   # the flag tells
+
+
+def test_v0_before_0_6_5_chunks_prefill_in_512_tokens():
+    out = _v0_fp8("--max-model-len 8192", 8192, version="0.6.3")
+    assert any("in chunks of 512 the profile frees room for about " in c.why for c in out.changes)
+    assert _gain_said(out) == P.v0_chunked_gain_tokens(LLAMA, from_tokens=8192, to_tokens=512)
+
+
+def test_v0_chunked_prefill_is_added_only_where_it_frees_a_token():
+    # Llama-3.1-8B with one sequence: 2050 tokens profiled at once take one token's KV more than a chunk
+    one = _v0_fp8("--max-model-len 2050 --max-num-seqs 1", 2050)
+    assert P.v0_chunked_gain_tokens(LLAMA, from_tokens=2050, to_tokens=2048, seqs=1) == 1 == _gain_said(one)
+    # Qwen2.5-7B: 2048 tokens are one chunk, nothing to gain (from 2049 it would be 2 tokens)
+    none = _v0_fp8("--max-model-len 2048 --max-num-seqs 1", 2048, info=QWEN7B)
+    assert P.v0_chunked_gain_tokens(QWEN7B, from_tokens=2049, to_tokens=2048, seqs=1) == 2
+    assert none.flags == Flags.parse("--max-model-len 2048 --max-num-seqs 1 --kv-cache-dtype fp8")
+
+
+def test_chunked_prefill_gain_is_for_v0_only():
+    out = _v0_fp8("--max-model-len 8192", 8192, version="0.10.2")
+    # V1 prefills in chunks anyway: fp8 alone, 2 x 1100 = 2200 tokens, 2192 in whole blocks
+    assert out.flags == Flags.parse("--max-model-len 2192 --kv-cache-dtype fp8")
+
+
+# -- why the length becomes what it does, at the edges of the rule ------------------------------------
+@pytest.mark.parametrize(("failure", "flags", "asked", "why"), [
+    (D(KV, fit_max_model_len=3000), "", None,
+     "the KV cache holds about 3000 tokens (vLLM's estimate); 2992 is that, aligned down to the 16-token block"),
+    # the length asked for is exactly vLLM's estimate: the estimate is the reason
+    (D(KV, max_model_len=16384, fit_max_model_len=8192), "--max-model-len 16384", "--max-model-len 8192",
+     "the KV cache holds about 8192 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to the "
+     "16-token block"),
+    # a length between blocks: vLLM's estimate (above it or exactly it) is no help, the whole blocks are
+    (D(KV, max_model_len=16390, fit_max_model_len=20000), "--max-model-len 16390", None,
+     "the KV cache cannot hold 16390 tokens, yet vLLM's estimate gives 20000, no fewer; 16384 is 16390, aligned "
+     "down to the 16-token block"),
+    (D(KV, max_model_len=16390, fit_max_model_len=16390), "--max-model-len 16390", None,
+     "the KV cache cannot hold 16390 tokens, yet vLLM's estimate gives 16390, no fewer; 16384 is 16390, aligned "
+     "down to the 16-token block"),
+], ids=["no length known", "the length asked for is the estimate", "between blocks, estimate above",
+        "between blocks, estimate equal"])
+def test_the_length_reason_at_the_edges(failure, flags, asked, why):
+    out = _kv(failure, flags, asked)
+    assert isinstance(out, R.Relaunch) and out.why == why and out.changes[0].why == why

@@ -1687,3 +1687,77 @@ def test_chunked_prefill_gain_is_for_v0_only():
 def test_the_length_reason_at_the_edges(failure, flags, asked, why):
     out = _kv(failure, flags, asked)
     assert isinstance(out, R.Relaunch) and out.why == why and out.changes[0].why == why
+
+
+# -- flags vLLM removed, named where vLLM says it refused them -------------------------------------
+SWAP_GONE = "--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)"
+V2_GONE = "--use-v2-block-manager was removed in vLLM 0.10.0 (the v2 block manager is the only one)"
+
+
+@pytest.mark.parametrize(("evidence", "flags", "changes"), [
+    # vLLM said it twice: every flag after the first "unrecognized arguments:" is one it refused
+    ("vllm: error: unrecognized arguments: --swap-space 4\nvllm: error: unrecognized arguments: "
+     "--use-v2-block-manager", "--swap-space 4 --use-v2-block-manager",
+     (("--swap-space", "4", None, SWAP_GONE), ("--use-v2-block-manager", "", None, V2_GONE))),
+    # a flag named before it is not one vLLM refused
+    ("WARNING --swap-space 4 is ignored\nvllm: error: unrecognized arguments: --use-v2-block-manager",
+     "--swap-space 4 --use-v2-block-manager", (("--use-v2-block-manager", "", None, V2_GONE),)),
+    # the name is what comes before the first "="
+    ("vllm: error: unrecognized arguments: --task=embed=1", "--task=embed=1",
+     (("--task", "embed=1", None, "--task was removed in vLLM 0.13.0 (use --runner / --convert)"),)),
+], ids=["said twice", "named before", "a value with '='"])
+def test_the_flags_vllm_refused_as_removed_are_dropped(evidence, flags, changes):
+    out = _kv(D(CONFIG, evidence), flags)
+    assert isinstance(out, R.Relaunch) and out.step == "drop_removed_flags"
+    assert tuple((c.flag, c.old, c.new, c.why) for c in out.changes) == changes
+    assert out.why == "; ".join(c[3] for c in changes)
+
+
+def test_a_refusal_ending_in_a_capital_x_is_quoted_whole():
+    evidence = "ValueError: Unsupported platform: Intel Data Center GPU MAX."
+    out = _kv(D(CONFIG, evidence))
+    assert isinstance(out, R.GiveUp)
+    assert out.reason == "vLLM refused its configuration: ValueError: Unsupported platform: Intel Data Center GPU MAX"
+
+
+def test_a_restart_names_the_engines_death_as_the_log_says_it():
+    d = Diagnosis(Kind.ENGINE_DEAD, detail="the engine core died on the Intel GPU MAX.")
+    out = _kv(d, "--max-num-seqs 64")
+    assert out == R.Relaunch(Flags.parse("--max-num-seqs 64"), (),
+                             "the engine core died on the Intel GPU MAX; relaunching with the last good flags",
+                             backoff=True, step="restart")
+
+
+def test_combined_steps_keep_a_flags_first_value():
+    first = (R.Change("--max-model-len", "8192", "4096", "the plan cut it"),)
+    then = (R.Change("--max-model-len", "4096", "2048", "vLLM measured less"),)
+    assert R.combined(first, then) == (
+        R.Change("--max-model-len", "8192", "2048", "the plan cut it; then vLLM measured less"),)
+
+
+def test_a_free_memory_share_with_a_wider_margin():
+    # 12.88 / 16 - 0.05 = 0.755 -> 0.75
+    out = _kv(D(FREE, free_gib=12.88, total_gib=16.0, requested_utilization=0.9),
+              rules=RemedyConfig(utilization_margin=0.05))
+    assert out == _share("only 12.88 of 16.0 GiB is free (other processes hold the rest); 0.75 stays under it", "0.75")
+
+
+def test_a_cpu_kv_size_lowered_without_the_total_leaves_the_length_to_vllm():
+    flags = "--kv-cache-memory-bytes 64G --max-model-len 131072"
+    out = _kv(D(FREE, free_gib=0.5, cpu_kv_gib=64.0, max_model_len=131072), flags,
+              sizing=sized("0.32.0", TINY_CPU, platform="cpu"), vllm_version="0.32.0", block_size=128)
+    # 0.5 x 0.9 = 0.45 GiB = 483183820 bytes, down to whole MiB: 460 x 2**20 = 482344960
+    assert out == R.Relaunch(Flags.parse("--kv-cache-memory-bytes 482344960 --max-model-len 131072"),
+                             (R.Change("--kv-cache-memory-bytes", "64G", "482344960",
+                                       "only 0.5 GiB of CPU memory is available; 0.45 GiB stays under it"),),
+                             "only 0.5 GiB of CPU memory is available; 0.45 GiB stays under it", step="cpu_kv_space")
+
+
+def test_a_kv_allocation_oom_at_the_share_free_memory_allows_steps_down_005():
+    # (18.56 - 0.4 GiB of CUDA context) / 22.06 - 0.005 = 0.818 -> 0.81: the share it ran with, so 0.81 - 0.05
+    flags = "--enforce-eager --gpu-memory-utilization 0.81"
+    out = _kv(Diagnosis(Kind.OOM_PROFILE, phase="kv_cache"), flags, gpu_free_gib=18.56, gpu_total_gib=22.06)
+    why = ("CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+           "0.76 stays under what they leave")
+    assert out == R.Relaunch(Flags.parse("--enforce-eager --gpu-memory-utilization 0.76"),
+                             (R.Change(UTIL_, "0.81", "0.76", why),), why, step="oom_kv_alloc")

@@ -1482,19 +1482,22 @@ def test_free_memory_share_in_full(failure, flags, knows, then):
     assert _kv(failure, flags, **knows) == then
 
 
+GPU_HELD = "free the GPU (see the processes holding it)"
+
+
 @pytest.mark.parametrize(("failure", "flags", "reason", "advice"), [
     # the share vLLM ran with (as the log says) is already under what is free: nothing to lower
     (D(FREE, free_gib=20.0, total_gib=22.06, requested_utilization=0.5), "",
-     "only 20.0/22.06 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+     "only 20.0/22.06 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
     # no share known: vLLM's whole-GPU reading; all of it free leaves 1.00, no lower
     (D(FREE, free_gib=22.2, total_gib=22.06), "",
-     "only 22.2/22.06 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+     "only 22.2/22.06 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
     # exactly the share launched: 12.88 / 16 - 0.005 = 0.80
     (D(FREE, free_gib=12.88, total_gib=16.0), "--gpu-memory-utilization 0.8",
-     "only 12.88/16.0 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+     "only 12.88/16.0 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
     # 0.88 / 16 - 0.005 = 0.05: no share worth launching
     (D(FREE, free_gib=0.88, total_gib=16.0, requested_utilization=0.9), "",
-     "only 0.88/16.0 GiB is free on the GPU; other processes hold the rest", "free the GPU (see the processes holding it)"),
+     "only 0.88/16.0 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
     # the CPU share would "grow" to what it is: (8 + 0.08) / 16 - 0.005 = 0.50 = 8 / 16
     (D(FREE, free_gib=0.08, total_gib=16.0, cpu_kv_auto_gib=0.0, cpu_share_gib=8.0), "",
      "only 0.08/16.0 GiB is free on CPU memory; other processes hold the rest",
@@ -1508,7 +1511,8 @@ def test_free_memory_gives_up_where_no_lower_share_helps(failure, flags, reason,
 CPU_SHARE_SHORT = D(FREE, free_gib=4.0, total_gib=64.0, requested_gib=10.0, cpu_kv_auto_gib=10.0, cpu_share_gib=30.0,
                     max_model_len=131072)
 # (30 - (10 - 4)) / 64 - 0.005 = 0.37
-CPU_SHARE_WHY = "the CPU memory share left the KV cache 6.00 GiB short of the 4.0 GiB available; 0.37 shrinks the share by that"
+CPU_SHARE_WHY = ("the CPU memory share left the KV cache 6.00 GiB short of the 4.0 GiB available; 0.37 shrinks the "
+                 "share by that")
 
 
 def test_a_cpu_share_shrunk_under_free_memory_with_the_model_known_lets_vllm_size_the_length():
@@ -1551,7 +1555,8 @@ EAGER_WHY = "no memory was left for the KV cache; eager mode frees what CUDA gra
     ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0, "gpu_free_gib": 37.52},
      R.Relaunch(Flags.parse("--gpu-memory-utilization 0.91"),
                 (R.Change(UTIL_, None, "0.91", "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more"),),
-                "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more", step="no_kv:gpu_memory_utilization")),
+                "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more",
+                step="no_kv:gpu_memory_utilization")),
     # a margin of 0.05: (37.52 - 0.9) / 40 - 0.05 = 0.8655 -> 0.86, no more than 0.90
     ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0, "gpu_free_gib": 37.52,
           "rules": RemedyConfig(utilization_margin=0.05)},

@@ -1766,3 +1766,58 @@ def test_a_kv_allocation_oom_at_the_share_free_memory_allows_steps_down_005():
            "0.76 stays under what they leave")
     assert out == R.Relaunch(Flags.parse("--enforce-eager --gpu-memory-utilization 0.76"),
                              (R.Change(UTIL_, "0.81", "0.76", why),), why, step="oom_kv_alloc")
+
+
+def test_an_oom_nothing_placed_gives_up_saying_so():
+    out = _kv(Diagnosis(Kind.OOM_WEIGHTS, phase="unknown"))
+    assert out == R.GiveUp("CUDA ran out of memory and nothing in the log says where; read as the start-up's first "
+                           "phase, the model's weights may not fit in GPU memory", EX_TEMPFAIL, R.ADVICE)
+    assert _kv(Diagnosis(Kind.OOM_WEIGHTS, phase="weights")) == R.GiveUp(
+        "the model's weights do not fit in GPU memory", EX_TEMPFAIL, R.ADVICE)
+
+
+# -- the engine generation as the log shows it decides the V0-only flags ----------------------------
+@pytest.mark.parametrize(("engine", "version", "chunked"), [
+    ("v0", None, True),            # a wrapper that hides the version: the log says V0
+    ("v0", "0.10.2", True),        # a 0.8-0.10 vLLM that fell back to V0
+    ("v1", "0.6.6", False),        # the log's V1 wins over a version read elsewhere
+    (None, "0.6.6", True),         # nothing logged: the version decides
+    ("v2", "0.6.6", True),         # an engine the guard does not know: the version decides
+    (None, None, False),
+])
+def test_v0_only_chunked_prefill_follows_the_engine_the_log_shows(engine, version, chunked):
+    numbers = {"max_model_len": 40960, "fit_max_model_len": 32768} | ({"engine": engine} if engine else {})
+    out = _kv(Diagnosis(KV, numbers=numbers), "--max-model-len 40960", vllm_version=version)
+    assert out.flags == Flags.parse("--max-model-len 32768" + (" --enable-chunked-prefill" if chunked else ""))
+
+
+# -- vLLM's batch defaults, as the launch's flags and version make them ------------------------------
+@pytest.mark.parametrize(("flags", "knows", "then"), [
+    # V0 (0.6.6) runs 256 sequences whatever the GPU: on an 80 GB card half of it is 128 (V1 0.32 would run 1024)
+    ("", {"vllm_version": "0.6.6", "gpu_total_gib": 79.19}, "--max-num-seqs 128"),
+    # the CPU build runs 128 sequences a rank: two ranks, 256, halved
+    ("--tensor-parallel-size 2", {"vllm_version": "0.32.0", "sizing": sized("0.32.0", TINY_CPU, platform="cpu")},
+     "--tensor-parallel-size 2 --max-num-seqs 128"),
+], ids=["V0 on 80 GB", "CPU, two ranks"])
+def test_oom_while_serving_halves_vllms_default_sequences(flags, knows, then):
+    out = _kv(D(Kind.OOM_RUNTIME), flags, **knows)
+    assert isinstance(out, R.Relaunch) and out.step == "oom_runtime" and out.flags == Flags.parse(then)
+
+
+@pytest.mark.parametrize(("flags", "version", "then"), [
+    # V0 with chunked prefill on: its 2048-token chunk is the batch, halved
+    ("--max-model-len 8192 --enable-chunked-prefill", "0.6.6", "--max-num-batched-tokens 1024"),
+    # 0.12+ holds the default batch to max_num_seqs x max_model_len: 256 x 7 = 1792, halved
+    ("--max-model-len 7", "0.32.0", "--max-num-batched-tokens 896"),
+], ids=["V0 chunked", "0.12+: a batch no bigger than the sequences' lengths"])
+def test_no_kv_memory_halves_vllms_default_batch(flags, version, then):
+    out = _kv(D(NO_KV), flags, vllm_version=version, rules=RemedyConfig(no_kv_order=("max_num_batched_tokens",)))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse(f"{flags} {then}")
+
+
+def test_the_plan_sizes_for_the_vllm_version_detected_at_start_up():
+    """The plan's facts built before the version was known: the version detected decides (0.10's numeric
+    length, not the latest vLLM's auto)."""
+    known = _no_kv_foreseen({})
+    late = _no_kv_foreseen({}, sizing=sized(None, compute_capability=(8, 9)))
+    assert late == known and late.flags.get_int(MML_) is not None

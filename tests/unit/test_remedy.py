@@ -1384,6 +1384,10 @@ def _kv(failure: Diagnosis, flags: str = "", asked: str | None = None, **knows: 
     (D(KV, max_model_len=4096, fit_max_model_len=1024), "", None, {},
      ((KVD, None, "fp8", "only 1024 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
       (MML_, None, "2048", "about 2048 tokens fit with fp8 KV"))),
+    # the model's dtype asked for by name ("auto") is what fp8 replaces
+    (D(KV, max_model_len=4096, fit_max_model_len=1024), "--kv-cache-dtype auto", None, {},
+     ((KVD, "auto", "fp8", "only 1024 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
+      (MML_, None, "2048", "about 2048 tokens fit with fp8 KV"))),
     # fp8 doubles 1500 tokens past the 2560 launched: the length stays as it is
     (D(KV, max_model_len=2560, fit_max_model_len=1500), "--max-model-len 2560", None, {},
      ((KVD, None, "fp8", "only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),)),
@@ -1394,7 +1398,7 @@ def _kv(failure: Diagnosis, flags: str = "", asked: str | None = None, **knows: 
      ((KVD, None, "fp8", "only 1970 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
       (MML_, None, "3936", "about 3936 tokens fit with fp8 KV"))),
 ], ids=["the length asked for", "exactly the floor", "from 32769 on V0", "to exactly 32768 on V0",
-        "fp8 to exactly the floor", "fp8 past the length launched", "a GiB ratio on V0"])
+        "fp8 to exactly the floor", "fp8 in place of auto", "fp8 past the length launched", "a GiB ratio on V0"])
 def test_the_kv_rule_changes_in_full(failure, flags, asked, knows, changes):
     out = _kv(failure, flags, asked, **knows)
     assert isinstance(out, R.Relaunch), out
@@ -1441,7 +1445,8 @@ def test_the_kv_rule_gives_up_saying_what_holds_the_length(failure, flags, knows
 
 
 def test_the_kv_rule_does_not_take_fp8_twice():
-    out = _kv(D(KV, max_model_len=4096, fit_max_model_len=1000), "", tried=("kv_cache_fp8",), vllm_version="0.32.0")
+    # 1100 tokens: fp8 would double them to 2200, above the floor, were it not tried already
+    out = _kv(D(KV, max_model_len=4096, fit_max_model_len=1100), "", tried=("kv_cache_fp8",), vllm_version="0.32.0")
     assert isinstance(out, R.Relaunch) and out.step == "kv_small:enforce_eager", out
     assert not out.flags.has(KVD)
 
@@ -1821,3 +1826,24 @@ def test_the_plan_sizes_for_the_vllm_version_detected_at_start_up():
     known = _no_kv_foreseen({})
     late = _no_kv_foreseen({}, sizing=sized(None, compute_capability=(8, 9)))
     assert late == known and late.flags.get_int(MML_) is not None
+
+
+def test_free_memory_gives_up_where_the_share_holds_exactly_the_weights():
+    """At 0.49 of 16 GiB vLLM could use 7.84 GiB: weights of exactly that leave nothing for the KV cache."""
+    weights_gib = LLAMA.weights_bytes / 2**30
+    offload = weights_gib - 0.49 * 16.0          # what stays on the GPU is exactly 0.49 x 16 GiB
+    out = _kv(D(FREE, free_gib=8.08, total_gib=16.0, requested_utilization=0.9), f"--cpu-offload-gb {offload!r}",
+              sizing=sized("0.32.0"), vllm_version="0.32.0")
+    assert out == R.GiveUp("only 8.08 of 16.0 GiB is free on the GPU: at 0.49 vLLM could use 7.84 GiB, less than "
+                           "the model's weights (7.84 GiB per rank)", EX_TEMPFAIL, GPU_HELD)
+
+
+def test_a_cpu_kv_size_lowered_to_what_holds_the_length_leaves_the_length():
+    knows = {"sizing": sized("0.32.0", TINY_CPU, platform="cpu"), "vllm_version": "0.32.0", "block_size": 128}
+    cut = _kv(D(FREE, free_gib=0.5, total_gib=9.59, cpu_kv_gib=64.0, max_model_len=131072),
+              "--kv-cache-memory-bytes 64G --max-model-len 131072", **knows)
+    held = cut.flags.get_int(MML_)        # the length 0.45 GiB of KV cache holds, by the plan
+    assert held is not None and held < 131072
+    out = _kv(D(FREE, free_gib=0.5, total_gib=9.59, cpu_kv_gib=64.0, max_model_len=held), "--kv-cache-memory-bytes 64G",
+              **knows)
+    assert out.flags == Flags.parse("--kv-cache-memory-bytes 482344960") and len(out.changes) == 1

@@ -300,6 +300,8 @@ def test_busy_gpu_kv_relaunch_before_0_20_gives_up_the_tokens_its_graph_room_cos
     ("0.10.1.1", "", None),                            # the free memory unknown: no room to reckon
     ("0.10.1.1", "--gpu-memory-utilization 0.89", 21.0),   # the share already leaves the room
     ("0.10.1.1", "--enforce-eager", 21.0),             # no graphs to leave room for
+    ("0.32.0", "", 15.0),                              # ... however little is free
+    ("0.10.1.1", "--enforce-eager", 15.0),
 ])
 def test_kv_relaunch_keeps_the_share_where_no_graph_room_is_needed(version, flags, free):
     out = _kv_short(version, flags, {"max_model_len": 32768, "fit_max_model_len": 20000}, free)
@@ -368,3 +370,13 @@ def test_v0_kv_relaunch_from_above_32768_to_32768_or_below_keeps_chunked_prefill
     room = out.flags.get(UTIL)
     assert out.changes[-1] == R.Change(CHUNKED, None, "", V0_BELOW_32768)
     assert out.flags == Flags.parse(f"--max-model-len {new_len} {UTIL} {room} {CHUNKED}")
+
+
+def test_busy_gpu_kv_relaunch_before_0_20_down_to_exactly_the_floor():
+    first = _kv_short("0.10.1.1", "", {"max_model_len": 32768, "fit_max_model_len": 20000}, 21.0)
+    room = first.flags.get(UTIL)
+    lost = _tokens_lost(0.90, room, QWEN7B_KV_BF16)
+    fit = 2048 + lost                      # with the graph room, exactly the floor --min-model-len 2048
+    out = _kv_short("0.10.1.1", "", {"max_model_len": 32768, "fit_max_model_len": fit}, 21.0)
+    assert out.flags == Flags.parse(f"{UTIL} {room} {MML} 2048")
+    assert out.changes[0].why == ESTIMATE_WHY.format(fit=fit, length=32768) + "2048, aligned down to the 16-token block"

@@ -301,7 +301,9 @@ def test_busy_gpu_kv_relaunch_before_0_20_gives_up_the_tokens_its_graph_room_cos
     ("0.10.1.1", "--gpu-memory-utilization 0.89", 21.0),   # the share already leaves the room
     ("0.10.1.1", "--enforce-eager", 21.0),             # no graphs to leave room for
     ("0.32.0", "", 15.0),                              # ... however little is free
+    ("0.32.0", "", 20.2),                              # (a plan would lower 0.92 to 0.89 here)
     ("0.10.1.1", "--enforce-eager", 15.0),
+    ("0.10.1.1", "--enforce-eager", 19.8),             # (a plan would lower 0.90 to 0.87 here)
 ])
 def test_kv_relaunch_keeps_the_share_where_no_graph_room_is_needed(version, flags, free):
     out = _kv_short(version, flags, {"max_model_len": 32768, "fit_max_model_len": 20000}, free)

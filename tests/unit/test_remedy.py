@@ -1577,11 +1577,16 @@ EAGER_WHY = "no memory was left for the KV cache; eager mode frees what CUDA gra
                           "the KV cache (slow)"),),
                 "offloading 1 GiB of weights to CPU leaves GPU memory for the KV cache (slow)",
                 step="no_kv:cpu_offload")),
+    # --cpu-offload-gb arrived in vLLM 0.5.5: not for an older one, nor one whose version is unknown
+    ("", {"vllm_version": "0.5.4", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=1)},
+     NO_KV_GAVE_UP),
+    ("", {"rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=1)}, NO_KV_GAVE_UP),
     # offloading is off at 0 GiB (the default)
     ("", {"vllm_version": "0.10.2", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=0)},
      NO_KV_GAVE_UP),
 ], ids=["0.10: the default share, nothing known", "0.10: only the total known", "0.10: room for 0.91",
-        "0.10: a wider margin leaves no room", "fewer sequences", "offload 1 GiB", "offload off"])
+        "0.10: a wider margin leaves no room", "fewer sequences", "offload 1 GiB", "offload before 0.5.5",
+        "offload, the version unknown", "offload off"])
 def test_the_no_kv_ladder_in_full(flags, knows, then):
     assert _kv(D(NO_KV), flags, **knows) == then
 

@@ -201,8 +201,20 @@ _RECORD_STARTS_LOW = tuple(s.lower() for s in RECORD_STARTS)
 _PROCESS_LINE = re.compile(r"Process [\w.-]+:\s*$", re.I)     # multiprocessing's "Process EngineCore_DP0:"
 
 
+#: The shell's notes on how a process it ran ended, each a whole line of its own (bash's job report):
+#: never the rest of a line the terminal wrapped, even after one exactly as wide as the wrap.
+SHELL_NOTES = frozenset(f"{what}{core}" for what in ("Killed", "Terminated", "Aborted", "Segmentation fault",
+                                                      "Bus error", "Illegal instruction", "Floating point exception")
+                        for core in ("", " (core dumped)"))
+_SHELL_NOTES_LOW = frozenset(n.lower() for n in SHELL_NOTES)
+
+
 def _begins_record(stripped: str, low: bool = False) -> bool:
-    """A traceback's own lines begin a record (never the rest of a line the terminal wrapped)."""
+    """A traceback's own lines and the shell's notes begin a record (never the rest of a line the terminal
+    wrapped)."""
+    if len(stripped) <= 40 and (stripped.rstrip().lower() in _SHELL_NOTES_LOW if low
+                                else stripped.rstrip() in SHELL_NOTES):
+        return True
     if (stripped.lower() if low else stripped).startswith(_RECORD_STARTS_LOW if low else RECORD_STARTS):
         return not stripped[:8].lower().startswith("process ") or bool(_PROCESS_LINE.match(stripped))
     return False
@@ -664,7 +676,11 @@ class Normalizer:
     at :meth:`flush`, oldest first.
     """
 
-    def __init__(self, vocabulary: Iterable[str] = ()) -> None:
+    def __init__(self, vocabulary: Iterable[str] = (), *, live: bool = False) -> None:
+        """``live``: the lines come from vLLM's own pipes as it prints them, not from a paste: nothing
+        wraps them (a pipe has no width) and they come in time order, so neither is ever guessed (a
+        server printing lines of one length looked hard-wrapped at it, and every line took the slow
+        path); carriers, quotes and the rest are still taken off where they appear."""
         self.carriers: Counter[str] = Counter()    # the carriers recognised, by lines
         self.guard_lines = 0                        # the guard's own lines dropped
         self.newest_first = False                   # the entries came newest first and were re-ordered
@@ -692,7 +708,9 @@ class Normalizer:
         self._at_max_text = ""
         self._hard_seen = 0                         # lines that went on after one as wide as the widest
         self._soft_seen = 0                         # ... after one a word short of it
-        self._long_seen = False
+        self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
+        if live:
+            self._order = "in"
         self._out: list[Record] = []
         self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
 

@@ -85,7 +85,7 @@ class Watcher:
     timers: LaunchTimers
     hooks: LaunchHooks
     control: asyncio.Queue[tuple[str, dict[str, Any]]]
-    classifier: Classifier = field(default_factory=Classifier)
+    classifier: Classifier = field(default_factory=lambda: Classifier(live=True))   # vLLM's own pipes
     first_fatal: Diagnosis | None = None
     fatal_at: float | None = None
     last_output: float = field(default_factory=time.monotonic)

@@ -409,3 +409,22 @@ def test_a_wrap_piece_of_only_spaces_is_the_text_of_the_partial_line_it_continue
             tried += 1
             _check_failure(case, [_CRI_PARTIAL, _wrap(widths[0]), *_SET_OFF[k % len(_SET_OFF)]()])
     assert tried >= 100, tried      # the catalogue's messages give that many partial lines ending in a space
+
+
+def test_the_shells_note_is_its_own_line_after_one_exactly_as_wide_as_the_wrap() -> None:
+    # bash's job report ("Killed", "Segmentation fault (core dumped)" ...) after a tqdm line that filled the
+    # terminal's width exactly: in a hard-wrapped paste it could be that line's wrap, but it never is one
+    from supervisor.core.vllm_text import SHELL_NOTES, Normalizer
+    head = ["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen2.5-72B-Instruct "
+            "with a name long enough to be wrapped here"]
+    for width in range(60, 161):
+        bar = ("Loading safetensors checkpoint shards:  35% Completed | 13/37 [01:02<01:51,  4.81s/it]"
+               + " " * 80)[:width]
+        for note in sorted(SHELL_NOTES):
+            lines = [*_wrap(width).fn(head), bar, note]
+            n = Normalizer()
+            texts = [r.text for line in lines for r in n.feed(line)] + [r.text for r in n.flush()]
+            assert note in texts, (width, note, texts[-3:])
+    case = next(c for c in FIXTURE_FAILURES if "host-oom-killed" in c.name)
+    for width in range(60, 161):
+        _check_failure(case, [_wrap(width)])

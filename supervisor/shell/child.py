@@ -93,9 +93,10 @@ class Child:
     def note_descendants(self) -> None:
         """Write the launch's processes that ``launch.json`` does not hold yet (engine, workers, helpers
         spawned at any point of a start-up), for the next guard if this one is SIGKILLed: with the guard
-        gone, its vLLM leader dies too (PDEATHSIG) and the engine is reparented, no longer anyone's child
-        here, and vLLM's process titles overwrite the environment that carries the marker, so the record
-        is what finds it. Not watched (``tree``): a helper that ends by itself is no engine lost."""
+        gone, its vLLM leader dies too (PDEATHSIG) and the engine is reparented, no longer a descendant of
+        anything recorded; the marker in its environment is the other way to find it, and a process can
+        rewrite or drop its environment (a re-exec with a clean one, a title library without SPT_NOENV).
+        Not watched (``tree``): a helper that ends by itself is no engine lost."""
         if self.leader is None or not self.state_dir:
             return
         new = [p for p in signalling.snapshot_tree(self.leader) if (p.pid, p.start) not in self._noted]

@@ -24,7 +24,7 @@ import yaml
 
 from supervisor.core.flags import Flags
 from supervisor.errors import ConfigError
-from supervisor.shell.statefiles import read_named_file
+from supervisor.named_files import read_named_file
 
 __all__ = ["ConfigError", "GuardConfig", "resolve"]
 

@@ -102,7 +102,8 @@ class Verdict(NamedTuple):
 class Classifier:
     """Streaming classifier: feed it output lines, ask it for the verdict at any time."""
 
-    def __init__(self, max_lines: int = 2000) -> None:
+    def __init__(self, max_lines: int = 2000, *, live: bool = False) -> None:
+        """``live``: fed from a running vLLM's pipes (the daemon), not a saved or pasted log (diagnose)."""
         self.lines: deque[str] = deque(maxlen=max(1, max_lines))
         self._phase = 0
         self._serving = False
@@ -130,7 +131,7 @@ class Classifier:
         self._exc_phase = ""         # where that exception happened (its frames, else the milestone)
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
         self._from_vllm = False      # a log header, a milestone or a traceback was seen
-        self._text = Normalizer(VOCABULARY)   # the one normalisation of vLLM's text
+        self._text = Normalizer(VOCABULARY, live=live)   # the one normalisation of vLLM's text
         self._engine: str | None = None       # the engine generation its banner named
         self._engine_seen = {"v0": 0, "v1": 0}   # ... else what its tags, files and words show
         self._last_proc = ""

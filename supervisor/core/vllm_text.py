@@ -20,6 +20,7 @@ Where each carrier's format comes from: ``docs/failure-catalogue.md``, "How logs
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import re
@@ -200,8 +201,20 @@ _RECORD_STARTS_LOW = tuple(s.lower() for s in RECORD_STARTS)
 _PROCESS_LINE = re.compile(r"Process [\w.-]+:\s*$", re.I)     # multiprocessing's "Process EngineCore_DP0:"
 
 
+#: The shell's notes on how a process it ran ended, each a whole line of its own (bash's job report):
+#: never the rest of a line the terminal wrapped, even after one exactly as wide as the wrap.
+SHELL_NOTES = frozenset(f"{what}{core}" for what in ("Killed", "Terminated", "Aborted", "Segmentation fault",
+                                                      "Bus error", "Illegal instruction", "Floating point exception")
+                        for core in ("", " (core dumped)"))
+_SHELL_NOTES_LOW = frozenset(n.lower() for n in SHELL_NOTES)
+
+
 def _begins_record(stripped: str, low: bool = False) -> bool:
-    """A traceback's own lines begin a record (never the rest of a line the terminal wrapped)."""
+    """A traceback's own lines and the shell's notes begin a record (never the rest of a line the terminal
+    wrapped)."""
+    if len(stripped) <= 40 and (stripped.rstrip().lower() in _SHELL_NOTES_LOW if low
+                                else stripped.rstrip() in SHELL_NOTES):
+        return True
     if (stripped.lower() if low else stripped).startswith(_RECORD_STARTS_LOW if low else RECORD_STARTS):
         return not stripped[:8].lower().startswith("process ") or bool(_PROCESS_LINE.match(stripped))
     return False
@@ -586,16 +599,21 @@ class Recaser:
         if found:
             # the longest phrase wins where phrases overlap ("on kv cache allocation ..." stays lower case)
             found.sort(key=lambda lc: -len(lc[0]))
+            # the spans taken, disjoint, by start: a span overlaps one only if it overlaps the last that
+            # starts before its end (a bisection, so a long line that repeats a phrase stays linear)
+            starts: list[int] = []
             taken: list[tuple[int, int, str]] = []
             for low, cased in found:
                 i = out.find(low)
                 while i >= 0:
                     j = i + len(low)
-                    if not any(a < j and i < b for a, b, _ in taken):
-                        taken.append((i, j, cased))
+                    k = bisect.bisect_left(starts, j)
+                    if k == 0 or taken[k - 1][1] <= i:
+                        starts.insert(k, i)
+                        taken.insert(k, (i, j, cased))
                     i = out.find(low, j)
             pieces, at = [], 0
-            for i, j, cased in sorted(taken):
+            for i, j, cased in taken:
                 pieces.append(out[at:i])
                 pieces.append(cased)
                 at = j
@@ -625,6 +643,28 @@ _PARTIAL_CAP = 1 << 20           # a CRI partial line joined up to this many cha
 _JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is given up at this many characters
 
 
+class _Pieces:
+    """A line being put together from pieces (a CRI file's partial lines), up to :data:`_PARTIAL_CAP`
+    characters: kept as a list and joined once, so a long run of partial lines costs each piece once,
+    not the line so far again (a run that never closes is a garbled log, not a reason to hang)."""
+
+    __slots__ = ("_pieces", "_size")
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+        self._size = 0
+
+    def add(self, piece: str) -> None:
+        room = _PARTIAL_CAP - self._size
+        if room > 0 and piece:
+            piece = piece[:room]
+            self._pieces.append(piece)
+            self._size += len(piece)
+
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+
 class Normalizer:
     """The one normalisation of vLLM's text, line by line: :meth:`feed` a line (str or bytes), get the
     records the rules read, in the order they read them; :meth:`flush` at the end.
@@ -636,7 +676,11 @@ class Normalizer:
     at :meth:`flush`, oldest first.
     """
 
-    def __init__(self, vocabulary: Iterable[str] = ()) -> None:
+    def __init__(self, vocabulary: Iterable[str] = (), *, live: bool = False) -> None:
+        """``live``: the lines come from vLLM's own pipes as it prints them, not from a paste: nothing
+        wraps them (a pipe has no width) and they come in time order, so neither is ever guessed (a
+        server printing lines of one length looked hard-wrapped at it, and every line took the slow
+        path); carriers, quotes and the rest are still taken off where they appear."""
         self.carriers: Counter[str] = Counter()    # the carriers recognised, by lines
         self.guard_lines = 0                        # the guard's own lines dropped
         self.newest_first = False                   # the entries came newest first and were re-ordered
@@ -648,7 +692,7 @@ class Normalizer:
         self._quote = ""                            # ... and its markers, as its first line wrote them
         self._all_quoted = True                     # every line so far began with ">"
         self._json_buf = ""                         # a JSON log line being put back together
-        self._partial: dict[str | None, str] = {}
+        self._partial: dict[str | None, _Pieces] = {}      # CRI partial lines being joined, by stream
         # order of a time-stamped log: None unknown, "in" oldest first, "newest" newest first
         self._order: str | None = None
         self._held: list[list[tuple[str, int, str | None]]] = []   # entries: their (text, width, carried) lines
@@ -664,7 +708,9 @@ class Normalizer:
         self._at_max_text = ""
         self._hard_seen = 0                         # lines that went on after one as wide as the widest
         self._soft_seen = 0                         # ... after one a word short of it
-        self._long_seen = False
+        self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
+        if live:
+            self._order = "in"
         self._out: list[Record] = []
         self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
 
@@ -721,7 +767,7 @@ class Normalizer:
             rest, self._json_buf = self._json_buf, ""
             self._ordered(rest, len(rest), None, None)
         for stream in list(self._partial):
-            rest = self._partial.pop(stream)
+            rest = self._partial.pop(stream).text()
             self._carried(rest, _WRAP_MAX + 1, rest)
         if self._held:
             if self._order is None:
@@ -753,9 +799,13 @@ class Normalizer:
         width = len(seg)
         c = seg[:1]
         if self._json_buf or (c == "{" and seg[:2] == '{"' and not _json_closed(seg)):
-            # a JSON log line the terminal wrapped: its pieces until the object closes
+            # a JSON log line the terminal wrapped: its pieces until the object closes. Every piece but the
+            # last is as wide as the terminal, so a narrower one that leaves it open ends it, and only a
+            # piece that ends in a brace can close it: a run of lines that never closes costs a parse per
+            # brace-ended piece of a wrap's width, not one per line of the whole run
             self._json_buf += seg
-            if not _json_closed(self._json_buf) and len(self._json_buf) < _JSON_WRAP_CAP:
+            if (len(seg) >= _WRAP_MIN and len(self._json_buf) < _JSON_WRAP_CAP
+                    and not (seg.rstrip()[-1:] == "}" and _json_closed(self._json_buf))):
                 return
             seg, self._json_buf = self._json_buf, ""
             c = "{"
@@ -768,8 +818,7 @@ class Normalizer:
         p = strip_carriers(seg)
         if not p.carriers:
             if self._partial:          # the terminal's wrap of a partial line of a CRI file
-                stream = next(reversed(self._partial))
-                self._partial[stream] = (self._partial[stream] + seg)[:_PARTIAL_CAP]
+                self._partial[next(reversed(self._partial))].add(seg)
                 return
             self._ordered(seg, width, None, None)
             return
@@ -779,11 +828,12 @@ class Normalizer:
             return
         self.carriers[p.carriers[0]] += 1
         if p.partial or p.stream in self._partial:
-            before = self._partial.pop(p.stream, "")
+            joined = self._partial.pop(p.stream, None) or _Pieces()
+            joined.add(text)
             if p.partial:
-                self._partial[p.stream] = (before + text)[:_PARTIAL_CAP]
+                self._partial[p.stream] = joined        # (the stream last written to is the last one)
                 return
-            self._ordered(before + text, width, "", p.ts)     # carried, but no longer one line of it
+            self._ordered(joined.text(), width, "", p.ts)     # carried, but no longer one line of it
             return
         self._ordered(text, width, seg, p.ts)
 
@@ -815,6 +865,12 @@ class Normalizer:
             return seg
         body = seg.lstrip(" \t")
         if not body:
+            rest = seg[self._block_lead:]
+            if rest and (self._partial or self._json_buf):
+                # not a blank line: the terminal's wrap of a line that ended in spaces (the kubelet cuts a
+                # partial entry after a fixed count, on a space as often as mid-word), and those spaces are
+                # the text's, between the words the joined entry puts back side by side
+                return rest
             self._new_block = True
             return ""
         lead = len(seg) - len(body)

@@ -17,9 +17,30 @@ import os
 from collections.abc import Mapping
 from typing import Any, cast
 
+import structlog
+
 from supervisor.core.model import ModelInfo, model_info_from_config
 from supervisor.core.model_config import Resolution, from_transformers
+from supervisor.errors import ConfigError
 from supervisor.facts import vllm_install
+from supervisor.named_files import read_named_optional
+
+log = structlog.get_logger("vllm-guard")
+
+#: A model's JSON files are read through the door for files a person names (a FIFO planted as config.json
+#: is refused at once, never waited on) and never past these bounds: config.json is a few KiB; the
+#: safetensors index of the largest checkpoints (one line per tensor, ~100k tensors) a few MiB.
+MAX_CONFIG_JSON = 16 << 20
+MAX_INDEX_JSON = 64 << 20
+
+
+def _read_model_file(path: str, what: str, limit: int) -> bytes | None:
+    """The bytes of a model's file, None when absent or not one to read (said once in the log, naming it)."""
+    try:
+        return read_named_optional(path, what, limit, f"{limit >> 20} MiB")
+    except ConfigError as e:
+        log.warning(f"{e}; the model's facts go without it")
+        return None
 
 
 def hf_hub_cache() -> str:
@@ -36,9 +57,9 @@ def _snapshot_dir(model_id: str, revision: str | None) -> str | None:
     if not os.path.isdir(repo):
         return None
     ref = os.path.join(repo, "refs", revision or "main")
-    if os.path.isfile(ref):
-        with open(ref, encoding="utf-8") as f:
-            commit = f.read().strip()
+    raw = _read_model_file(ref, "the Hugging Face cache's ref", 4096) if os.path.isfile(ref) else None
+    if raw is not None:
+        commit = raw.decode("utf-8", errors="replace").strip()
         candidate = os.path.join(repo, "snapshots", commit)
         if os.path.isfile(os.path.join(candidate, "config.json")):
             return candidate
@@ -54,12 +75,14 @@ def weights_bytes_in(directory: str) -> tuple[int | None, str]:
     """Checkpoint bytes from the safetensors index, else the *.safetensors (or *.bin) file sizes."""
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         p = os.path.join(directory, index)
+        raw = _read_model_file(p, "the model's weight index", MAX_INDEX_JSON)
+        if raw is None:
+            continue
         try:
-            with open(p, encoding="utf-8") as f:
-                total = json.load(f).get("metadata", {}).get("total_size")
+            total = json.loads(raw.decode("utf-8")).get("metadata", {}).get("total_size")
             if isinstance(total, (int, float)) and total > 0:
                 return int(total), "index"
-        except (OSError, ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             continue
     for pattern in ("*.safetensors", "*.bin"):
         files = glob.glob(os.path.join(directory, pattern))
@@ -102,12 +125,15 @@ def fetch_config(model_id: str, revision: str | None = None, timeout: float = 3.
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+    raw = _read_model_file(path, "the model's config", MAX_CONFIG_JSON)
+    if raw is None:
         return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):      # UnicodeDecodeError is a ValueError too
+        log.warning(f"the model's config {path} is not valid JSON; the model's facts go without it")
+        return None
+    return data if isinstance(data, dict) else None
 
 
 #: Quantization settings some checkpoints keep beside config.json, and the method each file implies.

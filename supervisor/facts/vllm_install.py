@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.errors import ConfigError
+from supervisor.named_files import read_named_optional
 from supervisor.shell import signalling  # every signal goes through it (stdlib and psutil only)
 
 
@@ -43,10 +44,14 @@ def interpreter(argv: Sequence[str], path: str | None = None) -> str | None:
     if not found:
         return None
     try:
-        with open(found, "rb") as f:
-            first = f.readline(300)
-    except OSError:
+        # Through the door for files a person names: a FIFO or a device found on PATH is refused at once,
+        # never waited on; only the first 300 bytes (where a shebang is) are read.
+        head = read_named_optional(found, "vLLM's command", 300, "300 bytes", head=True)
+    except ConfigError:
         return None
+    if head is None:
+        return None
+    first = head.split(b"\n", 1)[0]
     if first.startswith(b"#!") and b"python" in first:
         return first[2:].decode(errors="replace").strip().split()[0]
     return None

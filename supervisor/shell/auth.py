@@ -20,12 +20,13 @@ import structlog
 
 from supervisor.config import ConfigError
 from supervisor.errors import StateError
+from supervisor.named_files import read_named_file
 from supervisor.secrets import MASK as MASK  # re-exported for callers on other branches
 from supervisor.secrets import REGISTRY
 from supervisor.secrets import argv_secrets as argv_secrets
 from supervisor.secrets import is_secret_name as is_secret_name
 from supervisor.secrets import restore_masked as restore_masked
-from supervisor.shell.statefiles import read_named_file, write_secret_file
+from supervisor.shell.statefiles import write_secret_file
 
 log = structlog.get_logger("vllm_guard.auth")
 

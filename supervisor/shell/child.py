@@ -36,6 +36,7 @@ class Child:
         self.leader: Proc | None = None       # the direct child, pinned at spawn
         self._readers: list[asyncio.Task[None]] = []
         self.tree: dict[int, Proc] = {}       # every process seen in the launch, by pid
+        self._noted: set[tuple[int, float]] = set()   # identities written to launch.json
 
     async def start(self) -> None:
         """Spawn; raises OSError (e.g. the command does not exist)."""
@@ -88,6 +89,20 @@ class Child:
         if self.state_dir and tree and record:
             # A second way for the next guard to find them if this one is SIGKILLed.
             procs.note_tree(self.state_dir, tree)
+
+    def note_descendants(self) -> None:
+        """Write the launch's processes that ``launch.json`` does not hold yet (engine, workers, helpers
+        spawned at any point of a start-up), for the next guard if this one is SIGKILLed: with the guard
+        gone, its vLLM leader dies too (PDEATHSIG) and the engine is reparented, no longer a descendant of
+        anything recorded; the marker in its environment is the other way to find it, and a process can
+        rewrite or drop its environment (a re-exec with a clean one, a title library without SPT_NOENV).
+        Not watched (``tree``): a helper that ends by itself is no engine lost."""
+        if self.leader is None or not self.state_dir:
+            return
+        new = [p for p in signalling.snapshot_tree(self.leader) if (p.pid, p.start) not in self._noted]
+        if new:
+            procs.note_tree(self.state_dir, new)
+            self._noted.update((p.pid, p.start) for p in new)
 
     def lost_processes(self) -> list[int]:
         """Pids of the launch's recorded processes that are gone (e.g. the engine died)."""

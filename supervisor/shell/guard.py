@@ -40,6 +40,7 @@ from supervisor.facts.vllm_install import require_command
 from supervisor.secrets import REGISTRY, argv_secrets
 from supervisor.shell import auth, learned, procs, sdnotify
 from supervisor.shell.child import Child
+from supervisor.shell.diskfaults import DISK_FAULTS
 from supervisor.shell.gpus import Gpus
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher, port_taken
 from supervisor.shell.live import render
@@ -47,7 +48,6 @@ from supervisor.shell.locks import StateDirLock
 from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober, answered_by
 from supervisor.shell.report import Report
-from supervisor.shell.statefiles import DISK_FAULTS
 from supervisor.shell.status_server import StatusServer, StatusServerError
 
 log = structlog.get_logger("vllm-guard")

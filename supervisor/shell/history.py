@@ -6,7 +6,7 @@ The file is append-only and bounded: past ``MAX_BYTES`` it is rotated to ``histo
 generation kept). A record is written when a launch becomes healthy and again when it ends; the
 reader keeps the last record of each launch. Secrets never reach it (argv and evidence are
 redacted before they are recorded). The file goes through the state-file door
-(:class:`~supervisor.shell.statefiles.AppendLog`): a write the disk refuses is logged once and tried
+(:class:`~supervisor.shell.statelog.AppendLog`): a write the disk refuses is logged once and tried
 again with the next record; the records in memory (``/status``) are whole whatever the disk does.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.secrets import REGISTRY
-from supervisor.shell.statefiles import AppendLog, read_lines
+from supervisor.shell.statelog import AppendLog, read_lines
 
 HISTORY_FILE = "history.jsonl"
 MAX_BYTES = 4 << 20            # rotated past this (one older generation kept)

@@ -85,7 +85,7 @@ class Watcher:
     timers: LaunchTimers
     hooks: LaunchHooks
     control: asyncio.Queue[tuple[str, dict[str, Any]]]
-    classifier: Classifier = field(default_factory=Classifier)
+    classifier: Classifier = field(default_factory=lambda: Classifier(live=True))   # vLLM's own pipes
     first_fatal: Diagnosis | None = None
     fatal_at: float | None = None
     last_output: float = field(default_factory=time.monotonic)
@@ -155,7 +155,7 @@ class Watcher:
         probe_task: asyncio.Task[ProbeResult] | None = None
         healthy_at: float | None = None
         next_probe = started + t.startup_probe_interval
-        next_engine_check = 0.0
+        next_engine_check = next_noted = 0.0
         failures = 0
         try:
             while True:
@@ -219,7 +219,10 @@ class Watcher:
                 if probe_task is None and now >= next_probe and (
                         self.fatal_at is None or healthy_at is not None):
                     probe_task = asyncio.ensure_future(self.prober.probe())
-                # -- a lost engine process while the API server lingers --
+                # -- the launch's processes on record; a lost engine process while the API server lingers --
+                if now >= next_noted:
+                    next_noted = now + t.engine_watch_interval
+                    self.child.note_descendants()
                 if healthy_at is not None and now >= next_engine_check:
                     next_engine_check = now + t.engine_watch_interval
                     lost = self.child.lost_processes()

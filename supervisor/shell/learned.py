@@ -32,7 +32,8 @@ from supervisor.core import remediable
 from supervisor.core.flags import Flags
 from supervisor.core.session import Facts, Learned, Measured
 from supervisor.errors import StateError
-from supervisor.shell.statefiles import FAULTS, ensure_dir, read_json, set_aside, write_json
+from supervisor.shell.diskfaults import FAULTS
+from supervisor.shell.statefiles import ensure_dir, read_json, set_aside, write_json
 
 if TYPE_CHECKING:
     from supervisor.config import GuardConfig

@@ -27,7 +27,8 @@ from typing import Any
 import structlog
 
 from supervisor.errors import AlreadyRunning, StateError, UnsafeDir
-from supervisor.shell.statefiles import FAULTS, ensure_dir, open_state, owner_ok, read_json, temp_root, write_json
+from supervisor.shell.diskfaults import FAULTS
+from supervisor.shell.statefiles import ensure_dir, open_state, owner_ok, read_json, temp_root, write_json
 
 log = structlog.get_logger("vllm-guard")
 

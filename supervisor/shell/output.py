@@ -9,7 +9,7 @@ whose reader died) is not an error: the line still reaches the ring file.
 
 The path keeps up with a busy vLLM: lines are buffered and written once per batch (the lines of one
 read of vLLM's pipe: the flush is scheduled on the event loop when the first line of a batch comes),
-into a ring file kept open (:class:`~supervisor.shell.statefiles.AppendLog`, re-verified through the
+into a ring file kept open (:class:`~supervisor.shell.statelog.AppendLog`, re-verified through the
 state-file door on rotation and after a fault), and to the guard's stdout/stderr in the order they
 came. A disk that refuses the ring file is a warning once; the lines still reach the terminal or
 journal, and the file is tried again later.
@@ -34,7 +34,7 @@ from typing import Any
 from supervisor.core.vllm_text import level_word
 from supervisor.secrets import REGISTRY
 from supervisor.shell.logs import on_journal
-from supervisor.shell.statefiles import AppendLog, open_follow, read_lines, same_file
+from supervisor.shell.statelog import AppendLog, open_follow, read_lines, same_file
 
 LOG_FILE = "vllm.log"
 MAX_BYTES = 8 << 20            # per file; with the previous generation, at most 16 MiB

@@ -25,8 +25,9 @@ import psutil
 from supervisor.errors import StateError
 from supervisor.secrets import NOT_FOR_VLLM, REGISTRY
 from supervisor.shell import signalling
+from supervisor.shell.diskfaults import FAULTS
 from supervisor.shell.signalling import Proc
-from supervisor.shell.statefiles import FAULTS, ensure_dir, read_json, remove, set_aside, write_json
+from supervisor.shell.statefiles import ensure_dir, read_json, remove, set_aside, write_json
 
 MARKER = "VLLMGUARD_LAUNCH"
 LAUNCH_FILE = "launch.json"

@@ -24,10 +24,10 @@ from supervisor.shell.statefiles import (
                                       atomic_write,
                                       ensure_dir,
                                       read_json,
-                                      read_lines,
                                       set_aside,
                                       write_json,
 )
+from supervisor.shell.statelog import read_lines
 
 __all__ = ["AlreadyRunning", "GUARD_INFO", "GUARD_LOCK", "GpuTurn", "GpuTurnTimeout", "LEARNED", "LearnedStore",
            "MAX_STATE_FILE", "MEASURED_PREFIX", "StateDirLock", "StateError", "StoreKeys", "UnsafeDir",

@@ -1,5 +1,5 @@
-"""The one door to the disk: every file the guard or its clients open in a state dir, and every file a
-person names, is opened here (``tests/unit/test_chokepoints.py`` keeps it the only one).
+"""The one door to the disk: every file the guard or its clients open in a state dir is opened here
+(``tests/unit/test_chokepoints.py`` keeps it so).
 
 The threat (docs/threat-model.md, "The disk"): the guard runs as root; its state dir may have been
 writable by others before it was made private, and anything can sit at a state file's name: a
@@ -24,11 +24,13 @@ The rules:
 * A state dir is the guard's alone (:func:`ensure_dir`): one another user owns or can write is
   refused; one of ours that others could write is made 0700 and every entry in it that is not ours
   is set aside.
-* A fault of the disk is not the end of supervision (:data:`FAULTS`): a write that fails is logged
-  once per file, tried again later, and the guard goes on from memory.
-* A file a person names (:func:`read_named_file`: config, vLLM's ``--config``, a token file) may be
-  a link (the person chose the path), but it is read only when it is a regular file, without
-  blocking, and never past its size bound.
+* A fault of the disk (a full disk, an I/O error, a read-only remount) is an ``OSError`` from here,
+  with the old file intact; the callers treat it as best effort
+  (:data:`supervisor.shell.diskfaults.FAULTS`) so that it never ends supervision.
+
+Built on the door, elsewhere: the kept logs (:mod:`supervisor.shell.statelog`), the record of disk
+faults (:mod:`supervisor.shell.diskfaults`); files a person names are the other door, with their own
+rule (:mod:`supervisor.named_files`).
 """
 
 from __future__ import annotations
@@ -40,26 +42,21 @@ import os
 import secrets
 import stat
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import structlog
 
-from supervisor.errors import ConfigError, StateError, UnsafeDir
+from supervisor.errors import StateError, UnsafeDir
+from supervisor.named_files import kind_of
 
 log = structlog.get_logger("vllm-guard")
 
 MAX_STATE_FILE = 16 << 20        # a state file larger than this is not the guard's: it is set aside, not read
 _OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _TRIES = 3                       # a name that keeps being replaced under the guard is refused after this
-#: What a fault of the disk looks like (it may pass: a full disk is freed, a remount undone), as
-#: opposed to a refusal a person must act on (EACCES, a planted object).
-DISK_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
-_FLUSH_AT = 1 << 20              # an AppendLog writes its buffer once it holds this much, whoever flushes
 
 
 def owner_ok(uid: int) -> bool:
@@ -71,20 +68,10 @@ def _now_stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
-def _what(st: os.stat_result) -> str:
-    mode = st.st_mode
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _problem(st: os.stat_result, *, shared: bool, cap: int) -> str:
     """Why the object ``st`` describes is not a state file the guard may use ("" when it is)."""
     if not stat.S_ISREG(st.st_mode):
-        return _what(st)
+        return kind_of(st)
     if st.st_nlink != 1:
         return f"a hard link ({st.st_nlink} names for one file)"
     if not shared and not owner_ok(st.st_uid):
@@ -385,279 +372,3 @@ def write_secret_file(path: str | Path, text: str) -> None:
     target = Path(path)
     ensure_dir(target.parent)
     atomic_write(target, text.encode("utf-8"), 0o600)
-
-
-# --- bounded logs ---------------------------------------------------------------------------
-
-
-class AppendLog:
-    """An append-only log of bounded size (``<name>`` plus one older generation ``<name>.1``), kept open.
-
-    Lines are buffered and written in batches (:meth:`flush`), so a busy vLLM costs a write per batch,
-    not an open, a write and a close per line. Past ``max_bytes`` the file becomes ``<name>.1`` and a
-    new one is made. Every open, first, after a rotation, when the name no longer names the file held,
-    and after a fault, goes through :func:`open_state`. A write that fails is a fault (:data:`FAULTS`):
-    the log keeps the latest ``keep_while_failing`` bytes, tries again ``retry_s`` later, and writes a
-    line saying how much it could not keep once the disk takes writes again.
-    """
-
-    def __init__(self, path: str | Path, max_bytes: int, *, retry_s: float = 5.0,
-                 keep_while_failing: int = 512 << 10) -> None:
-        self.path = Path(path)
-        self.max_bytes = max_bytes
-        self.retry_s = retry_s
-        self.keep_while_failing = keep_while_failing
-        self._fd = -1
-        self._ino: tuple[int, int] | None = None
-        self._size = 0               # bytes in the open file
-        self._buf = bytearray()
-        self._retry_at = 0.0
-        self._lost = 0               # bytes dropped while the disk refused them
-        self._torn = False           # the file ends inside a line (a write the disk cut short)
-
-    def write(self, line: bytes) -> None:
-        """Buffer one line (without its newline)."""
-        self.write_lines(line + b"\n")
-
-    def write_lines(self, block: bytes | bytearray) -> None:
-        """Buffer whole lines, each ending with a newline (a batch of them: one call, not one per line).
-        A batch that would take the file past ``max_bytes`` is cut at a line end: what fits goes to this
-        file, the rest to the next."""
-        while self._size + len(self._buf) + len(block) > self.max_bytes:
-            room = self.max_bytes - self._size - len(self._buf)
-            cut = block.rfind(b"\n", 0, room) + 1 if room > 0 else 0
-            if cut:
-                self._buf += block[:cut]
-                block = block[cut:]
-            if not self.flush() or not self._size:
-                break                   # the disk refused it (kept, bounded), or one line alone is that long
-            self._rotate()
-        self._buf += block
-        if len(self._buf) >= _FLUSH_AT:
-            self.flush()
-
-    @property
-    def pending(self) -> int:
-        """Bytes buffered, not yet written."""
-        return len(self._buf)
-
-    def flush(self) -> bool:
-        """Write what is buffered; False when the disk refused it (kept for the next try, bounded)."""
-        if not self._buf:
-            return True
-        if self._fd < 0 or not self._still_ours():
-            if not self._open():
-                self._bound()
-                return False
-        if self._lost:
-            note = f"=== vllm-guard: {self._lost} bytes were not kept here (the disk refused them)\n".encode()
-            self._buf[:0] = (b"\n" if self._torn else b"") + note
-            self._lost = 0
-        view = memoryview(self._buf)
-        written = 0
-        try:
-            while written < len(view):
-                written += os.write(self._fd, view[written:])
-        except OSError as e:
-            if written:
-                self._torn = view[written - 1] != ord("\n")
-            view.release()
-            del self._buf[:written]
-            self._size += written
-            self._fault(e)
-            self._bound()
-            return False
-        view.release()
-        self._size += written
-        self._buf.clear()
-        self._torn = False
-        FAULTS.ok(self.path)
-        return True
-
-    def close(self) -> None:
-        """Write what is buffered (best effort) and let go of the file."""
-        self.flush()
-        self._close()
-
-    # -- inside ----------------------------------------------------------------------------
-    def _open(self) -> bool:
-        if time.monotonic() < self._retry_at:
-            return False
-        try:
-            fd = open_state(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            st = os.fstat(fd)
-        except (OSError, StateError) as e:
-            self._fault(e)
-            return False
-        self._close()
-        self._fd, self._ino, self._size = fd, (st.st_dev, st.st_ino), st.st_size
-        if self._size + len(self._buf) > self.max_bytes and self._size:
-            self._rotate()
-        return self._fd >= 0
-
-    def _still_ours(self) -> bool:
-        """Whether the name still names the file held (someone may have moved or removed it)."""
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._ino
-
-    def _rotate(self) -> None:
-        """``<name>`` becomes ``<name>.1`` (a directory or the like in the way is set aside), a new file is made."""
-        older = self.path.with_name(self.path.name + ".1")
-        try:
-            if self._still_ours():
-                try:
-                    os.rename(self.path, older)
-                except OSError as e:
-                    if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
-                        raise
-                    set_aside(older, f"{older} was a directory")
-                    os.rename(self.path, older)
-        except (OSError, StateError) as e:
-            # Cannot rotate (a read-only remount ...): start the file over rather than grow past its bound.
-            log.warning(f"cannot rotate {self.path} ({getattr(e, 'strerror', None) or e}); starting it over")
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-                self._size = 0
-                return
-        self._close()
-        self._retry_at = 0.0
-        self._open()
-
-    def _close(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._fd, self._ino, self._size = -1, None, 0
-
-    def _fault(self, e: BaseException) -> None:
-        self._close()
-        self._retry_at = time.monotonic() + self.retry_s
-        FAULTS.failed(self.path, e)
-
-    def _bound(self) -> None:
-        extra = len(self._buf) - self.keep_while_failing
-        if extra > 0:
-            cut = self._buf.find(b"\n", extra)
-            cut = len(self._buf) if cut < 0 else cut + 1
-            self._lost += cut
-            del self._buf[:cut]
-
-
-def _generations(path: Path) -> tuple[Path, Path]:
-    return path.with_name(path.name + ".1"), path
-
-
-def read_lines(path: str | Path) -> Iterator[bytes]:
-    """The lines an :class:`AppendLog` kept at ``path``, both generations, oldest first, without their line
-    ends; a generation that is absent or not a file to trust (a planted link, a FIFO) reads as empty."""
-    for generation in _generations(Path(path)):
-        f = open_follow(generation)
-        if f is None:
-            continue
-        with f:
-            for raw in f:
-                yield raw.rstrip(b"\r\n")
-
-
-def open_follow(path: str | Path) -> IO[bytes] | None:
-    """The state log ``path`` open for reading (``vllm-guard logs -f``); None when it is absent, not a file
-    to trust or not readable (a follower tries again later)."""
-    try:
-        fd = open_state(path, os.O_RDONLY)
-    except (OSError, StateError):
-        return None
-    return os.fdopen(fd, "rb")
-
-
-def same_file(f: IO[bytes], path: str | Path) -> bool:
-    """Whether ``path`` still names the file ``f`` reads (False once it was rotated or removed)."""
-    try:
-        return os.lstat(path).st_ino == os.fstat(f.fileno()).st_ino
-    except OSError:
-        return False
-
-
-# --- faults of the disk ---------------------------------------------------------------------
-
-
-class Faults:
-    """Which state files the disk refuses now: each fault is logged once per file (and once more when
-    that file can be written again), so a full disk is one warning per file, not one per line."""
-
-    def __init__(self) -> None:
-        self._failing: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def failed(self, path: str | Path, e: BaseException) -> None:
-        why = getattr(e, "strerror", None) or str(e)
-        with self._lock:
-            first = str(path) not in self._failing
-            self._failing[str(path)] = why
-        if first:
-            log.warning(f"cannot write {path} ({why}); the guard goes on without it and tries again later")
-
-    def ok(self, path: str | Path) -> None:
-        with self._lock:
-            was = self._failing.pop(str(path), None)
-        if was is not None:
-            log.info(f"{path} can be written again")
-
-    def failing(self) -> dict[str, str]:
-        """The files the disk refuses now, with why."""
-        with self._lock:
-            return dict(self._failing)
-
-    def attempt(self, path: str | Path, write: Callable[[], Any], *, proves: bool = True) -> bool:
-        """Run ``write`` (a write of ``path``) as best effort: True when it worked; a fault (OSError,
-        :class:`StateError`) is logged once per file and the caller goes on. ``proves``: that it worked
-        shows the file can be written again (a removal, which a full disk allows, does not)."""
-        try:
-            write()
-        except (OSError, StateError) as e:
-            self.failed(path, e)
-            return False
-        if proves:
-            self.ok(path)
-        return True
-
-
-#: The guard's one record of disk faults.
-FAULTS = Faults()
-
-
-# --- files a person names -------------------------------------------------------------------
-
-
-def read_named_file(path: str, what: str, limit: int, limit_text: str,
-                    error: type[ConfigError] = ConfigError) -> bytes:
-    """The bytes of a file a person named (``what``: "config file", "token file" ...): a link is followed
-    (the person chose the path), but only a regular file of at most ``limit`` bytes is read, opened
-    without blocking (a FIFO is refused, never waited on) and never read past the bound (``/dev/zero``, a
-    log file); else ``error`` naming the file and the reason."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"{what} {path} is not a regular file ({_what(st)})")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise error(f"{what} {path} is larger than {limit_text}")
-    return b"".join(chunks)

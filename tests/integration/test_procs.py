@@ -410,3 +410,46 @@ def test_port_holder_on_ipv6_and_unresolvable_hosts():
                 assert f"pid {os.getpid()}" in procs.port_holder("::1", s.getsockname()[1])
     text = procs.port_holder("no-such-host.invalid", 8000)
     assert text is not None and text.startswith("vLLM cannot listen on no-such-host.invalid:8000")
+
+
+# A vLLM whose engine comes late in its start-up and carries no marker (a clean environment): only the
+# launch record can name it once its leader is gone.
+_LATE_ENGINE = r"""
+import os, subprocess, sys, time
+time.sleep(0.3)
+e = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], env={"PATH": os.environ["PATH"]},
+                     start_new_session=True)
+print(e.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_launch_noted_during_its_start_up_has_its_unmarked_late_engine_swept(tracked, tmp_path):
+    from supervisor.shell.child import Child
+    state = str(tmp_path / "state")
+    lines: list[bytes] = []
+
+    async def main() -> int:
+        child = Child([sys.executable, "-c", _LATE_ENGINE], procs.child_env(os.environ, state, 1),
+                      lambda line, stream: lines.append(line), state_dir=state)
+        await child.start()
+        tracked.append(psutil.Process(child.pid))
+        deadline = time.monotonic() + 15
+        while not lines and time.monotonic() < deadline:
+            child.note_descendants()          # what the watcher does each engine-watch interval
+            await asyncio.sleep(0.05)
+        child.note_descendants()
+        engine = int(lines[0])
+        tracked.append(psutil.Process(engine))
+        assert procs.state_id(state) + ":" not in psutil.Process(engine).environ().get("VLLMGUARD_LAUNCH", "")
+        os.kill(child.pid, signal.SIGKILL)   # the leader gone; the engine, in its own session, lives on
+        await child.wait()
+        await child.drain()
+        child.proc._transport.close()   # type: ignore[union-attr]  # its pipes closed while the loop runs
+        return engine
+
+    engine = asyncio.run(main())
+    assert not dead(engine)
+    ended = procs.sweep_orphans(state, grace=2.0)
+    assert engine in [e["pid"] for e in ended]
+    assert dead(engine)

@@ -188,7 +188,7 @@ def test_sigkilled_guard_orphans_are_ended_and_learned_flags_serve(
             time.sleep(0.1)
     assert new_api is not None, f"the second guard launched nothing:\n{again.tail()}"
     still = [p for p in orphans if alive(p)]
-    assert not still, f"orphans alive when the next launch started: {_describe(still)}"
+    assert not still, f"orphans alive when the next launch started: {_describe(still)}\n{again.tail()}"
 
     s = again.wait_healthy(1, timeout=LAUNCH_S)
     assert [r["outcome"] for r in s["launches"]] == ["healthy"], s["launches"]

@@ -194,12 +194,15 @@ def _newest_first(name: str) -> list[Paste]:
     return [_carrier(name), NEWEST_FIRST]
 
 
+QUOTES = ["> ", ">", "> > "]                  # a markdown quote, as people type it
+INDENTS = ["    ", "  ", "\t", "        "]      # a code block, a list item's paste
+
 TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "wrap": st.integers(min_value=60, max_value=160).map(lambda w: [_wrap(w)]),
     "carrier": st.sampled_from(sorted(CARRIER_LINES)).map(lambda n: [_carrier(n)]),
     "cri-partial": st.just([Paste("CRI partial lines", _cri_partial, 2)]),
-    "quote": st.sampled_from(["> ", ">", "> > "]).map(lambda q: [_quote(q)]),
-    "indent": st.sampled_from(["    ", "  ", "\t", "        "]).map(lambda p: [_indent(p)]),
+    "quote": st.sampled_from(QUOTES).map(lambda q: [_quote(q)]),
+    "indent": st.sampled_from(INDENTS).map(lambda p: [_indent(p)]),
     "lower": st.just([LOWER]),
     "newest-first": st.sampled_from(STAMPED).map(_newest_first),
 }
@@ -373,3 +376,55 @@ def test_every_carrier_with_every_catalogue_message_keeps_its_kind_phase_and_num
         _check_failure(cases[k % len(cases)], [_carrier(carrier)])
     for case in HEALTHY:
         _check_healthy(case, [_carrier(carrier)])
+
+
+# --------------------------------------------------------------------------- a wrap piece of only spaces
+#: how a paste's lines may be set off: as they are, indented (a code block, a list item's), quoted
+_SET_OFF: list[Callable[[], list[Paste]]] = [lambda: [], *[lambda p=p: [_indent(p)] for p in INDENTS],
+                                            *[lambda q=q: [_quote(q)] for q in QUOTES]]
+_CRI_PARTIAL = Paste("CRI partial lines", _cri_partial, 2)
+
+
+def test_a_wrapped_cri_partial_line_keeps_its_words_apart_at_every_width_and_indentation() -> None:
+    # the kubelet cut "... world_size (4) " after its space; at 89 columns the terminal left that space on
+    # a line of its own, which was read as a blank line: "(4)is less than" lost the GPU count (hypothesis)
+    case = next(c for c in FAILURES if c.name.startswith("tp_gt_local_gpus_mp@0.5.3.post1b@0.5.3.post1"))
+    for width in range(60, 161):
+        for set_off in _SET_OFF:
+            _check_failure(case, [_CRI_PARTIAL, _wrap(width), *set_off()])
+
+
+def test_a_wrap_piece_of_only_spaces_is_the_text_of_the_partial_line_it_continues() -> None:
+    """Every message of the catalogue and every saved failure log, shipped as CRI partial lines and wrapped
+    at the width that leaves a partial line's last space on a line of its own (as it is, indented or quoted,
+    in turn): the space is the text's, not a blank line."""
+    tried = 0
+    cases = [cases[0] for cases in _BY_ROW.values()] + [c for c in FIXTURE_FAILURES if c.name not in PRE_WRAPPED]
+    for k, case in enumerate(cases):
+        shipped = _apply(case, [_CRI_PARTIAL])
+        # a partial line "<stamp> stdout P ...word " as wide as the terminal and one more column
+        widths = sorted({len(ln) - 1 for ln in shipped if ln.endswith(" ") and " stdout P " in ln}
+                        & set(range(60, 161)))
+        if widths:
+            tried += 1
+            _check_failure(case, [_CRI_PARTIAL, _wrap(widths[0]), *_SET_OFF[k % len(_SET_OFF)]()])
+    assert tried >= 100, tried      # the catalogue's messages give that many partial lines ending in a space
+
+
+def test_the_shells_note_is_its_own_line_after_one_exactly_as_wide_as_the_wrap() -> None:
+    # bash's job report ("Killed", "Segmentation fault (core dumped)" ...) after a tqdm line that filled the
+    # terminal's width exactly: in a hard-wrapped paste it could be that line's wrap, but it never is one
+    from supervisor.core.vllm_text import SHELL_NOTES, Normalizer
+    head = ["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen2.5-72B-Instruct "
+            "with a name long enough to be wrapped here"]
+    for width in range(60, 161):
+        bar = ("Loading safetensors checkpoint shards:  35% Completed | 13/37 [01:02<01:51,  4.81s/it]"
+               + " " * 80)[:width]
+        for note in sorted(SHELL_NOTES):
+            lines = [*_wrap(width).fn(head), bar, note]
+            n = Normalizer()
+            texts = [r.text for line in lines for r in n.feed(line)] + [r.text for r in n.flush()]
+            assert note in texts, (width, note, texts[-3:])
+    case = next(c for c in FIXTURE_FAILURES if "host-oom-killed" in c.name)
+    for width in range(60, 161):
+        _check_failure(case, [_wrap(width)])

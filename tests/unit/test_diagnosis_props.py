@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,3 +81,21 @@ def test_no_newline_at_all() -> None:
     blob = "".join(FRAGMENTS) * 50   # one record-less run of text, carriage returns included
     _check(classify([blob]))
     _check(classify([blob.replace("\n", " ").replace("\r", " ")], 1))
+
+
+# A garbled log is read in time linear in its size: each of these took minutes (quadratic) before, and
+# takes about a second; the limit is many times that, for a busy machine.
+@pytest.mark.timeout(20)
+def test_a_lower_case_line_that_repeats_a_phrase_is_read_in_linear_time() -> None:
+    # every repeat of a known phrase was checked against every one already given back its case
+    line = "unrecognized arguments: --x " * 40_000          # 1.1 MB, no capital letter
+    got = classify([line], 2)
+    assert got.kind is Kind.CONFIG_ERROR, got
+
+
+@pytest.mark.timeout(20)
+def test_cri_partial_lines_that_never_close_are_read_in_linear_time() -> None:
+    # each partial line copied the line joined so far (up to a megabyte) again
+    lines = [f"2024-08-19T18:30:11.{i:09d}Z stdout P " + "x" * 50 for i in range(500_000)]
+    got = classify(lines, 1)
+    assert got.kind is Kind.UNKNOWN_FAILURE, got

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import RemedyConfig
+from supervisor.core import plan as P
 from supervisor.core import remedy as R
 from supervisor.core.classifier import check_auto_fit
 from supervisor.core.diagnosis import Diagnosis, Kind
@@ -526,6 +527,7 @@ WHOLE: dict[str, tuple[Any, ...]] = {
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 LLAMA = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
 TINY_CPU = load_model_info(str(MODELS / "tiny-llama-cpu"))
+QWEN7B = load_model_info(str(MODELS / "Qwen2.5-7B-Instruct"))
 
 
 def sized(version: str | None, info: Any = LLAMA, **kw: Any) -> Sizing:
@@ -1347,3 +1349,506 @@ def test_oom_while_profiling_below_a_half_share_gives_up():
                    R.Context(requested=Flags(), tried=PROFILED))
     assert out == R.GiveUp("CUDA ran out of memory while profiling, and every allowed remedy has been tried",
                            EX_TEMPFAIL, R.ADVICE)
+
+
+# -- the KV rule's length, and the reason it gives when the length cannot do it, word for word --------
+MML_, KVD, CHUNKED_ = "--max-model-len", "--kv-cache-dtype", "--enable-chunked-prefill"
+ONLY_LENGTH = RemedyConfig(allowed=("max_model_len",))         # no fp8, no freed memory: the rule's own reason
+NO_LENGTH = RemedyConfig(allowed=("restart",))                 # the length may not change
+V0_CHUNK_WHY = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory "
+                "profile, and so the KV cache, as measured")
+
+
+def _kv(failure: Diagnosis, flags: str = "", asked: str | None = None, **knows: Any) -> R.Decision:
+    return R.decide(failure, Flags.parse(flags), R.Context(requested=Flags.parse(flags if asked is None else asked),
+                                                           **knows))
+
+
+@pytest.mark.parametrize(("failure", "flags", "asked", "knows", "changes"), [
+    # the length asked for is below vLLM's estimate and the length launched: the length asked for
+    (D(KV, max_model_len=16384, fit_max_model_len=12000), "--max-model-len 16384", "--max-model-len 8192", {},
+     ((MML_, "16384", "8192", "the KV cache holds about 12000 tokens (vLLM's estimate), not 16384; 8192 is the 8192 "
+       "asked for, aligned down to the 16-token block"),)),
+    # exactly the floor (--min-model-len 2048) is still a length
+    (D(KV, max_model_len=4096, fit_max_model_len=2048), "", None, {},
+     ((MML_, None, "2048", "the KV cache holds about 2048 tokens (vLLM's estimate), not 4096; 2048 is that, "
+       "aligned down to the 16-token block"),)),
+    # V0 chunked prefill by itself above 32768 tokens: a relaunch at 32768 or below asks for it
+    (D(KV, max_model_len=32769, fit_max_model_len=30000), "--max-model-len 32769", None, {"vllm_version": "0.6.6"},
+     ((MML_, "32769", "30000", "the KV cache holds about 30000 tokens (vLLM's estimate), not 32769; 30000 is that, "
+       "aligned down to the 16-token block"), (CHUNKED_, None, "", V0_CHUNK_WHY))),
+    (D(KV, max_model_len=40960, fit_max_model_len=32768), "--max-model-len 40960", None, {"vllm_version": "0.6.6"},
+     ((MML_, "40960", "32768", "the KV cache holds about 32768 tokens (vLLM's estimate), not 40960; 32768 is that, "
+       "aligned down to the 16-token block"), (CHUNKED_, None, "", V0_CHUNK_WHY))),
+    # fp8 doubles 1024 tokens to exactly the floor
+    (D(KV, max_model_len=4096, fit_max_model_len=1024), "", None, {},
+     ((KVD, None, "fp8", "only 1024 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
+      (MML_, None, "2048", "about 2048 tokens fit with fp8 KV"))),
+    # the model's dtype asked for by name ("auto") is what fp8 replaces
+    (D(KV, max_model_len=4096, fit_max_model_len=1024), "--kv-cache-dtype auto", None, {},
+     ((KVD, "auto", "fp8", "only 1024 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
+      (MML_, None, "2048", "about 2048 tokens fit with fp8 KV"))),
+    # fp8 doubles 1500 tokens past the 2560 launched: the length stays as it is
+    (D(KV, max_model_len=2560, fit_max_model_len=1500), "--max-model-len 2560", None, {},
+     ((KVD, None, "fp8", "only 1500 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),)),
+    # 0.7's GiB ratio, not vLLM's own estimate: V0's chunked-prefill gain is not added to it
+    (D(KV, max_model_len=4096, kv_needed_gib=2.0, kv_available_gib=1.0), "", None,
+     {"vllm_version": "0.7.3", "sizing": sized("0.7.3")},
+     # 4096 x 1.0/2.0 x 0.97 - 16 = 1970 tokens; fp8 doubles them to 3940, 3936 in whole blocks
+     ((KVD, None, "fp8", "only 1970 tokens fit, below the floor of 2048; fp8 KV doubles the capacity"),
+      (MML_, None, "3936", "about 3936 tokens fit with fp8 KV"))),
+], ids=["the length asked for", "exactly the floor", "from 32769 on V0", "to exactly 32768 on V0",
+        "fp8 to exactly the floor", "fp8 in place of auto", "fp8 past the length launched", "a GiB ratio on V0"])
+def test_the_kv_rule_changes_in_full(failure, flags, asked, knows, changes):
+    out = _kv(failure, flags, asked, **knows)
+    assert isinstance(out, R.Relaunch), out
+    assert tuple((c.flag, c.old, c.new, c.why) for c in out.changes) == changes
+    want = Flags.parse(flags)
+    for flag, _old, new, _why in changes:
+        want = want.set(flag, new) if new else want.set(flag)
+    assert out.flags == want
+
+
+@pytest.mark.parametrize(("failure", "flags", "knows", "reason"), [
+    (D(KV, max_model_len=4096, fit_max_model_len=1000), "", {"rules": ONLY_LENGTH},
+     "the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048"),
+    # 2005 tokens are above a floor of 2001, but 2000 in whole blocks are not
+    (D(KV, max_model_len=4096, fit_max_model_len=2005), "", {"rules": RemedyConfig(allowed=("max_model_len",),
+                                                                                     min_model_len=2001)},
+     "only 2000 tokens fit in whole 16-token blocks, below the floor of 2001"),
+    (D(KV, max_model_len=4096, fit_max_model_len=2001), "", {"rules": RemedyConfig(allowed=("max_model_len",),
+                                                                                     min_model_len=2001)},
+     "only 2000 tokens fit in whole 16-token blocks, below the floor of 2001"),
+    (D(KV, max_model_len=4096, fit_max_model_len=2048), "", {"rules": NO_LENGTH},
+     "only 2048 of the 4096 tokens fit, and the remedies allowed do not include the length"),
+    (D(KV, fit_max_model_len=3000), "", {"rules": NO_LENGTH},
+     "only 3000 tokens fit, and the remedies allowed do not include the length"),
+    (D(KV, max_model_len=3000), "", {"rules": ONLY_LENGTH},
+     "the KV cache cannot hold 3000 tokens and vLLM printed no size for it; 1488 is half of 3000 in whole "
+     "16-token blocks, below the floor of 2048"),
+    (D(KV, max_model_len=8192), "", {"rules": NO_LENGTH},
+     "the KV cache cannot hold 8192 tokens and vLLM printed no size for it; the remedies allowed do not include "
+     "the length"),
+    (D(KV, max_model_len=4096), "", {"rules": NO_LENGTH},      # half of it is exactly the floor
+     "the KV cache cannot hold 4096 tokens and vLLM printed no size for it; the remedies allowed do not include "
+     "the length"),
+    (D(KV, max_model_len=4096, fit_max_model_len=1000), "--kv-cache-dtype fp8", {"rules": ONLY_LENGTH},
+     "the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048 even with fp8 KV"),
+    (D(KV, max_model_len=4096, fit_max_model_len=1000), "",
+     {"tried": ("kv_cache_fp8", "kv_small:enforce_eager", "kv_small:max_num_batched_tokens")},
+     "the KV cache holds only about 1000 tokens, below the floor --min-model-len 2048 even with fp8 KV"),
+], ids=["below the floor", "below it in whole blocks", "at it, below in whole blocks", "no length change allowed",
+        "no length known", "half of no size, below the floor", "no size, no length change",
+        "half is the floor, no length change", "already fp8", "fp8 tried"])
+def test_the_kv_rule_gives_up_saying_what_holds_the_length(failure, flags, knows, reason):
+    assert _kv(failure, flags, **knows) == R.GiveUp(reason, EX_TEMPFAIL, R.ADVICE)
+
+
+def test_the_kv_rule_does_not_take_fp8_twice():
+    # 1100 tokens: fp8 would double them to 2200, above the floor, were it not tried already
+    out = _kv(D(KV, max_model_len=4096, fit_max_model_len=1100), "", tried=("kv_cache_fp8",), vllm_version="0.32.0")
+    assert isinstance(out, R.Relaunch) and out.step == "kv_small:enforce_eager", out
+    assert not out.flags.has(KVD)
+
+
+# -- free memory: the share under what other processes leave, at its edges --------------------------
+UTIL_ = "--gpu-memory-utilization"
+
+
+def _share(why: str, util: str, flags: str = "") -> R.Relaunch:
+    return R.Relaunch(Flags.parse(flags).set(UTIL_, util), (R.Change(UTIL_, Flags.parse(flags).get(UTIL_), util, why),),
+                      why, step="gpu_memory_utilization_free")
+
+
+@pytest.mark.parametrize(("failure", "flags", "knows", "then"), [
+    # vLLM's own free figure (its CUDA context already made): 12.88 / 16 - 0.005 = 0.80 exactly
+    (D(FREE, free_gib=12.88, total_gib=16.0, requested_utilization=0.9), "", {},
+     _share("only 12.88 of 16.0 GiB is free (other processes hold the rest); 0.80 stays under it", "0.8")),
+    # the total not printed: the free figure is not vLLM's, its 0.4 GiB CUDA context comes off it:
+    # (18.66 - 0.4) / 22.06 - 0.005 = 0.822 -> 0.82
+    (D(FREE, free_gib=18.66, requested_utilization=0.9), "", {"gpu_total_gib": 22.06},
+     _share("only 18.66 of 22.06 GiB is free (other processes hold the rest); 0.82 stays under it", "0.82")),
+    # the CPU share left the KV cache 0.5 - 0.3 = 0.2 GiB short: (8.0 - 0.2) / 16 - 0.005 = 0.4825 -> 0.48
+    (D(FREE, free_gib=0.3, total_gib=16.0, cpu_kv_auto_gib=0.5, cpu_share_gib=8.0), "", {},
+     _share("the CPU memory share left the KV cache 0.20 GiB short of the 0.3 GiB available; 0.48 shrinks the "
+            "share by that", "0.48")),
+    # ... with a margin of 0.05: (8.0 - 0.2) / 16 - 0.05 = 0.4375 -> 0.43
+    (D(FREE, free_gib=0.3, total_gib=16.0, cpu_kv_auto_gib=0.5, cpu_share_gib=8.0), "",
+     {"rules": RemedyConfig(utilization_margin=0.05)},
+     _share("the CPU memory share left the KV cache 0.20 GiB short of the 0.3 GiB available; 0.43 shrinks the "
+            "share by that", "0.43")),
+    # the worker's memory filled the share: it grows by the 8.1 GiB available, (8 + 8.1) / 16 - 0.005 -> 1.00
+    (D(FREE, free_gib=8.1, total_gib=16.0, cpu_kv_auto_gib=0.0, cpu_share_gib=8.0), "", {},
+     _share("the CPU memory share (8.0 GiB) left the KV cache nothing after the worker's own 8.00 GiB; 1.00 gives "
+            "it the 8.1 GiB available", "1")),
+], ids=["vLLM's figure, exactly 0.80", "no total printed: NVML's figure", "a CPU share too big",
+        "a CPU share too big, a wider margin", "a CPU share grown to all of it"])
+def test_free_memory_share_in_full(failure, flags, knows, then):
+    assert _kv(failure, flags, **knows) == then
+
+
+GPU_HELD = "free the GPU (see the processes holding it)"
+
+
+@pytest.mark.parametrize(("failure", "flags", "reason", "advice"), [
+    # the share vLLM ran with (as the log says) is already under what is free: nothing to lower
+    (D(FREE, free_gib=20.0, total_gib=22.06, requested_utilization=0.5), "",
+     "only 20.0/22.06 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
+    # no share known: vLLM's whole-GPU reading; all of it free leaves 1.00, no lower
+    (D(FREE, free_gib=22.2, total_gib=22.06), "",
+     "only 22.2/22.06 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
+    # exactly the share launched: 12.88 / 16 - 0.005 = 0.80
+    (D(FREE, free_gib=12.88, total_gib=16.0), "--gpu-memory-utilization 0.8",
+     "only 12.88/16.0 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
+    # 0.88 / 16 - 0.005 = 0.05: no share worth launching
+    (D(FREE, free_gib=0.88, total_gib=16.0, requested_utilization=0.9), "",
+     "only 0.88/16.0 GiB is free on the GPU; other processes hold the rest", GPU_HELD),
+    # the CPU share would "grow" to what it is: (8 + 0.08) / 16 - 0.005 = 0.50 = 8 / 16
+    (D(FREE, free_gib=0.08, total_gib=16.0, cpu_kv_auto_gib=0.0, cpu_share_gib=8.0), "",
+     "only 0.08/16.0 GiB is free on CPU memory; other processes hold the rest",
+     "free CPU memory (see the processes holding it)"),
+], ids=["under the share logged", "all of it free", "exactly the share launched", "0.05 of the GPU",
+        "a CPU share that cannot grow"])
+def test_free_memory_gives_up_where_no_lower_share_helps(failure, flags, reason, advice):
+    assert _kv(failure, flags) == R.GiveUp(reason, EX_TEMPFAIL, advice)
+
+
+CPU_SHARE_SHORT = D(FREE, free_gib=4.0, total_gib=64.0, requested_gib=10.0, cpu_kv_auto_gib=10.0, cpu_share_gib=30.0,
+                    max_model_len=131072)
+# (30 - (10 - 4)) / 64 - 0.005 = 0.37
+CPU_SHARE_WHY = ("the CPU memory share left the KV cache 6.00 GiB short of the 4.0 GiB available; 0.37 shrinks the "
+                 "share by that")
+
+
+def test_a_cpu_share_shrunk_under_free_memory_with_the_model_known_lets_vllm_size_the_length():
+    """Llama-3.1-8B's 15 GiB of weights in 0.37 x 64 GiB leave no room for 131072 tokens of KV cache."""
+    flags = Flags.parse("--max-model-len 131072")
+    out = R.decide(CPU_SHARE_SHORT, flags, R.Context(requested=flags, vllm_version="0.32.0", block_size=128,
+                                                     sizing=sized("0.32.0", LLAMA, platform="cpu")))
+    assert isinstance(out, R.Relaunch) and out.step == "gpu_memory_utilization_free"
+    share, length = out.changes
+    assert share == R.Change(UTIL_, None, "0.37", CPU_SHARE_WHY)
+    assert (length.flag, length.old, length.new) == (MML_, "131072", "auto")
+    assert length.why.startswith("131072 tokens do not fit in the KV cache at utilization 0.37; ")
+    assert out.flags == Flags.parse("--max-model-len auto --gpu-memory-utilization 0.37")
+
+
+def test_a_cpu_share_shrunk_keeps_the_length_where_the_rules_do_not_allow_changing_it():
+    flags = Flags.parse("--max-model-len 131072")
+    out = R.decide(CPU_SHARE_SHORT, flags, R.Context(
+        requested=flags, vllm_version="0.32.0", block_size=128, sizing=sized("0.32.0", LLAMA, platform="cpu"),
+        rules=RemedyConfig(allowed=("gpu_memory_utilization", "kv_cache_fp8"))))
+    assert out == _share(CPU_SHARE_WHY, "0.37", "--max-model-len 131072")
+
+
+# -- the no-KV ladder, step by step, each reason word for word ------------------------------------
+NO_KV_GAVE_UP = R.GiveUp("the weights and activations leave no memory for the KV cache, and every allowed remedy has "
+                         "been tried", EX_TEMPFAIL, R.ADVICE)
+EAGER_WHY = "no memory was left for the KV cache; eager mode frees what CUDA graphs and compilation take"
+
+
+@pytest.mark.parametrize(("flags", "knows", "then"), [
+    # 0.10's default share is 0.90 (0.92 only from 0.20): with nothing known about free memory, no higher
+    ("", {"vllm_version": "0.10.2"},
+     R.Relaunch(Flags.parse("--enforce-eager"), (R.Change("--enforce-eager", None, "", EAGER_WHY),), EAGER_WHY,
+                step="no_kv:enforce_eager")),
+    ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0},
+     R.Relaunch(Flags.parse("--enforce-eager"), (R.Change("--enforce-eager", None, "", EAGER_WHY),), EAGER_WHY,
+                step="no_kv:enforce_eager")),
+    # 37.52 GiB free of 40, less 0.5 GiB for the graphs 0.10 captures outside its share and its 0.4 GiB CUDA
+    # context: (37.52 - 0.5 - 0.4) / 40 - 0.005 = 0.9105 -> 0.91, above the 0.90 it ran with
+    ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0, "gpu_free_gib": 37.52},
+     R.Relaunch(Flags.parse("--gpu-memory-utilization 0.91"),
+                (R.Change(UTIL_, None, "0.91", "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more"),),
+                "no memory was left for the KV cache at 0.90; 0.91 gives vLLM more",
+                step="no_kv:gpu_memory_utilization")),
+    # a margin of 0.05: (37.52 - 0.9) / 40 - 0.05 = 0.8655 -> 0.86, no more than 0.90
+    ("", {"vllm_version": "0.10.2", "gpu_total_gib": 40.0, "gpu_free_gib": 37.52,
+          "rules": RemedyConfig(utilization_margin=0.05)},
+     R.Relaunch(Flags.parse("--enforce-eager"), (R.Change("--enforce-eager", None, "", EAGER_WHY),), EAGER_WHY,
+                step="no_kv:enforce_eager")),
+    ("--max-num-seqs 256", {"rules": RemedyConfig(no_kv_order=("max_num_seqs",))},
+     R.Relaunch(Flags.parse("--max-num-seqs 128"),
+                (R.Change("--max-num-seqs", "256", "128", "fewer concurrent sequences lower the activation peak"),),
+                "fewer concurrent sequences lower the activation peak", step="no_kv:max_num_seqs")),
+    ("", {"vllm_version": "0.10.2", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=1)},
+     R.Relaunch(Flags.parse("--cpu-offload-gb 1"),
+                (R.Change("--cpu-offload-gb", None, "1", "offloading 1 GiB of weights to CPU leaves GPU memory for "
+                          "the KV cache (slow)"),),
+                "offloading 1 GiB of weights to CPU leaves GPU memory for the KV cache (slow)",
+                step="no_kv:cpu_offload")),
+    # --cpu-offload-gb arrived in vLLM 0.5.5: not for an older one, nor one whose version is unknown
+    ("", {"vllm_version": "0.5.4", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=1)},
+     NO_KV_GAVE_UP),
+    ("", {"rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=1)}, NO_KV_GAVE_UP),
+    # offloading is off at 0 GiB (the default)
+    ("", {"vllm_version": "0.10.2", "rules": RemedyConfig(no_kv_order=("cpu_offload",), cpu_offload_gb=0)},
+     NO_KV_GAVE_UP),
+], ids=["0.10: the default share, nothing known", "0.10: only the total known", "0.10: room for 0.91",
+        "0.10: a wider margin leaves no room", "fewer sequences", "offload 1 GiB", "offload before 0.5.5",
+        "offload, the version unknown", "offload off"])
+def test_the_no_kv_ladder_in_full(flags, knows, then):
+    assert _kv(D(NO_KV), flags, **knows) == then
+
+
+# -- the plan foresees the length a relaunch's other flags leave room for ----------------------------
+def _no_kv_foreseen(numbers: dict, **knows: Any) -> R.Decision:
+    """No KV memory on 0.10.1 at a share of 0.8 the user set (a ceiling): eager mode is the next step,
+    and the plan says how much of Llama-3.1-8B's 131072 tokens then fit on an L4."""
+    flags = Flags.parse("--gpu-memory-utilization 0.8")
+    ctx = {"requested": flags, "vllm_version": "0.10.1.1", "sizing": sized("0.10.1.1", compute_capability=(8, 9)),
+           "gpu_total_gib": 22.06, **knows}
+    return R.decide(D(NO_KV, **numbers), flags, R.Context(**ctx))
+
+
+EAGER_STEP = R.Change("--enforce-eager", None, "", EAGER_WHY)
+
+
+def test_the_plan_cuts_the_length_the_relaunch_leaves_no_room_for():
+    out = _no_kv_foreseen({})
+    assert isinstance(out, R.Relaunch) and out.step == "no_kv:enforce_eager"
+    eager, length = out.changes
+    assert eager == EAGER_STEP
+    assert (length.flag, length.old) == (MML_, None) and int(length.new) < 131072
+    assert length.why.startswith("with the relaunch's other flags, 131072 tokens do not fit in the KV cache at "
+                                 "utilization 0.80; ")
+    assert out.flags == Flags.parse(f"--gpu-memory-utilization 0.8 --enforce-eager --max-model-len {length.new}")
+    busy = _no_kv_foreseen({}, gpu_free_gib=18.0)       # other processes hold 4 GiB: less room still
+    assert int(busy.flags.get_int(MML_)) < int(length.new)
+
+
+def test_the_plan_never_raises_the_length_vllm_ran_with():
+    foreseen = _no_kv_foreseen({}).flags.get_int(MML_)
+    for ran in (4096, foreseen):          # below the plan's length, and exactly it
+        out = _no_kv_foreseen({"max_model_len": ran})
+        assert out == R.Relaunch(Flags.parse("--gpu-memory-utilization 0.8 --enforce-eager"), (EAGER_STEP,),
+                                 EAGER_WHY, step="no_kv:enforce_eager")
+
+
+def test_the_plan_leaves_the_length_alone_where_the_rules_do_not_allow_changing_it():
+    out = _no_kv_foreseen({}, rules=RemedyConfig(allowed=("gpu_memory_utilization", "enforce_eager")))
+    assert out == R.Relaunch(Flags.parse("--gpu-memory-utilization 0.8 --enforce-eager"), (EAGER_STEP,),
+                             EAGER_WHY, step="no_kv:enforce_eager")
+
+
+# -- V0's chunked-prefill gain: the launch's own flags size it ---------------------------------------
+def _v0_fp8(flags: str, length: int, version: str = "0.6.6", info: Any = LLAMA) -> R.Decision:
+    """1100 tokens fit on V0, below the floor: fp8 (2200 tokens), and chunked prefill where its profile frees memory."""
+    return _kv(D(KV, max_model_len=length, fit_max_model_len=1100), flags, vllm_version=version,
+               sizing=sized(version, info))
+
+
+def _gain_said(out: R.Relaunch) -> int | None:
+    said = [c.why for c in out.changes if c.flag == CHUNKED_]
+    return int(said[0].split("room for about ")[1].split(" more")[0]) if said else None
+
+
+@pytest.mark.parametrize(("flags", "gain_args"), [
+    ("", {}),
+    ("--dtype float32", {"dtype": "float32"}),
+    ("--tensor-parallel-size 2", {"tp": 2}),
+    ("--max-num-seqs 64", {"seqs": 64}),
+])
+def test_v0_chunked_prefill_gain_is_sized_for_the_launchs_flags(flags, gain_args):
+    """The gain is the plan's (``v0_chunked_gain_tokens``, its arithmetic pinned in test_remedy_sizing)
+    for this launch's dtype, tensor parallelism and sequences, from 8192 tokens to V0's 2048-token chunk."""
+    out = _v0_fp8(f"--max-model-len 8192 {flags}", 8192)
+    assert isinstance(out, R.Relaunch) and out.flags.enabled(CHUNKED_)
+    gain = P.v0_chunked_gain_tokens(LLAMA, from_tokens=8192, to_tokens=2048, **gain_args)
+    assert _gain_said(out) == gain
+    if gain_args:
+        assert gain != P.v0_chunked_gain_tokens(LLAMA, from_tokens=8192, to_tokens=2048)   # the flag tells
+
+
+def test_v0_before_0_6_5_chunks_prefill_in_512_tokens():
+    out = _v0_fp8("--max-model-len 8192", 8192, version="0.6.3")
+    assert any("in chunks of 512 the profile frees room for about " in c.why for c in out.changes)
+    assert _gain_said(out) == P.v0_chunked_gain_tokens(LLAMA, from_tokens=8192, to_tokens=512)
+
+
+def test_v0_chunked_prefill_is_added_only_where_it_frees_a_token():
+    # Llama-3.1-8B with one sequence: 2050 tokens profiled at once take one token's KV more than a chunk
+    one = _v0_fp8("--max-model-len 2050 --max-num-seqs 1", 2050)
+    assert P.v0_chunked_gain_tokens(LLAMA, from_tokens=2050, to_tokens=2048, seqs=1) == 1 == _gain_said(one)
+    # Qwen2.5-7B: 2048 tokens are one chunk, nothing to gain (from 2049 it would be 2 tokens)
+    none = _v0_fp8("--max-model-len 2048 --max-num-seqs 1", 2048, info=QWEN7B)
+    assert P.v0_chunked_gain_tokens(QWEN7B, from_tokens=2049, to_tokens=2048, seqs=1) == 2
+    assert none.flags == Flags.parse("--max-model-len 2048 --max-num-seqs 1 --kv-cache-dtype fp8")
+
+
+def test_chunked_prefill_gain_is_for_v0_only():
+    out = _v0_fp8("--max-model-len 8192", 8192, version="0.10.2")
+    # V1 prefills in chunks anyway: fp8 alone, 2 x 1100 = 2200 tokens, 2192 in whole blocks
+    assert out.flags == Flags.parse("--max-model-len 2192 --kv-cache-dtype fp8")
+
+
+# -- why the length becomes what it does, at the edges of the rule ------------------------------------
+@pytest.mark.parametrize(("failure", "flags", "asked", "why"), [
+    (D(KV, fit_max_model_len=3000), "", None,
+     "the KV cache holds about 3000 tokens (vLLM's estimate); 2992 is that, aligned down to the 16-token block"),
+    # the length asked for is exactly vLLM's estimate: the estimate is the reason
+    (D(KV, max_model_len=16384, fit_max_model_len=8192), "--max-model-len 16384", "--max-model-len 8192",
+     "the KV cache holds about 8192 tokens (vLLM's estimate), not 16384; 8192 is that, aligned down to the "
+     "16-token block"),
+    # a length between blocks: vLLM's estimate (above it or exactly it) is no help, the whole blocks are
+    (D(KV, max_model_len=16390, fit_max_model_len=20000), "--max-model-len 16390", None,
+     "the KV cache cannot hold 16390 tokens, yet vLLM's estimate gives 20000, no fewer; 16384 is 16390, aligned "
+     "down to the 16-token block"),
+    (D(KV, max_model_len=16390, fit_max_model_len=16390), "--max-model-len 16390", None,
+     "the KV cache cannot hold 16390 tokens, yet vLLM's estimate gives 16390, no fewer; 16384 is 16390, aligned "
+     "down to the 16-token block"),
+], ids=["no length known", "the length asked for is the estimate", "between blocks, estimate above",
+        "between blocks, estimate equal"])
+def test_the_length_reason_at_the_edges(failure, flags, asked, why):
+    out = _kv(failure, flags, asked)
+    assert isinstance(out, R.Relaunch) and out.why == why and out.changes[0].why == why
+
+
+# -- flags vLLM removed, named where vLLM says it refused them -------------------------------------
+SWAP_GONE = "--swap-space was removed in vLLM 0.18.0 (V1 never swaps to CPU; the flag is a no-op and was removed)"
+V2_GONE = "--use-v2-block-manager was removed in vLLM 0.10.0 (the v2 block manager is the only one)"
+
+
+@pytest.mark.parametrize(("evidence", "flags", "changes"), [
+    # vLLM said it twice: every flag after the first "unrecognized arguments:" is one it refused
+    ("vllm: error: unrecognized arguments: --swap-space 4\nvllm: error: unrecognized arguments: "
+     "--use-v2-block-manager", "--swap-space 4 --use-v2-block-manager",
+     (("--swap-space", "4", None, SWAP_GONE), ("--use-v2-block-manager", "", None, V2_GONE))),
+    # a flag named before it is not one vLLM refused
+    ("WARNING --swap-space 4 is ignored\nvllm: error: unrecognized arguments: --use-v2-block-manager",
+     "--swap-space 4 --use-v2-block-manager", (("--use-v2-block-manager", "", None, V2_GONE),)),
+    # the name is what comes before the first "="
+    ("vllm: error: unrecognized arguments: --task=embed=1", "--task=embed=1",
+     (("--task", "embed=1", None, "--task was removed in vLLM 0.13.0 (use --runner / --convert)"),)),
+], ids=["said twice", "named before", "a value with '='"])
+def test_the_flags_vllm_refused_as_removed_are_dropped(evidence, flags, changes):
+    out = _kv(D(CONFIG, evidence), flags)
+    assert isinstance(out, R.Relaunch) and out.step == "drop_removed_flags"
+    assert tuple((c.flag, c.old, c.new, c.why) for c in out.changes) == changes
+    assert out.why == "; ".join(c[3] for c in changes)
+
+
+def test_a_refusal_ending_in_a_capital_x_is_quoted_whole():
+    evidence = "ValueError: Unsupported platform: Intel Data Center GPU MAX."
+    out = _kv(D(CONFIG, evidence))
+    assert isinstance(out, R.GiveUp)
+    assert out.reason == "vLLM refused its configuration: ValueError: Unsupported platform: Intel Data Center GPU MAX"
+
+
+def test_a_restart_names_the_engines_death_as_the_log_says_it():
+    d = Diagnosis(Kind.ENGINE_DEAD, detail="the engine core died on the Intel GPU MAX.")
+    out = _kv(d, "--max-num-seqs 64")
+    assert out == R.Relaunch(Flags.parse("--max-num-seqs 64"), (),
+                             "the engine core died on the Intel GPU MAX; relaunching with the last good flags",
+                             backoff=True, step="restart")
+
+
+def test_combined_steps_keep_a_flags_first_value():
+    first = (R.Change("--max-model-len", "8192", "4096", "the plan cut it"),)
+    then = (R.Change("--max-model-len", "4096", "2048", "vLLM measured less"),)
+    assert R.combined(first, then) == (
+        R.Change("--max-model-len", "8192", "2048", "the plan cut it; then vLLM measured less"),)
+
+
+def test_a_free_memory_share_with_a_wider_margin():
+    # 12.88 / 16 - 0.05 = 0.755 -> 0.75
+    out = _kv(D(FREE, free_gib=12.88, total_gib=16.0, requested_utilization=0.9),
+              rules=RemedyConfig(utilization_margin=0.05))
+    assert out == _share("only 12.88 of 16.0 GiB is free (other processes hold the rest); 0.75 stays under it", "0.75")
+
+
+def test_a_cpu_kv_size_lowered_without_the_total_leaves_the_length_to_vllm():
+    flags = "--kv-cache-memory-bytes 64G --max-model-len 131072"
+    out = _kv(D(FREE, free_gib=0.5, cpu_kv_gib=64.0, max_model_len=131072), flags,
+              sizing=sized("0.32.0", TINY_CPU, platform="cpu"), vllm_version="0.32.0", block_size=128)
+    # 0.5 x 0.9 = 0.45 GiB = 483183820 bytes, down to whole MiB: 460 x 2**20 = 482344960
+    assert out == R.Relaunch(Flags.parse("--kv-cache-memory-bytes 482344960 --max-model-len 131072"),
+                             (R.Change("--kv-cache-memory-bytes", "64G", "482344960",
+                                       "only 0.5 GiB of CPU memory is available; 0.45 GiB stays under it"),),
+                             "only 0.5 GiB of CPU memory is available; 0.45 GiB stays under it", step="cpu_kv_space")
+
+
+def test_a_kv_allocation_oom_at_the_share_free_memory_allows_steps_down_005():
+    # (18.56 - 0.4 GiB of CUDA context) / 22.06 - 0.005 = 0.818 -> 0.81: the share it ran with, so 0.81 - 0.05
+    flags = "--enforce-eager --gpu-memory-utilization 0.81"
+    out = _kv(Diagnosis(Kind.OOM_PROFILE, phase="kv_cache"), flags, gpu_free_gib=18.56, gpu_total_gib=22.06)
+    why = ("CUDA ran out of memory allocating the KV cache: other processes hold memory vLLM's budget counted on; "
+           "0.76 stays under what they leave")
+    assert out == R.Relaunch(Flags.parse("--enforce-eager --gpu-memory-utilization 0.76"),
+                             (R.Change(UTIL_, "0.81", "0.76", why),), why, step="oom_kv_alloc")
+
+
+def test_an_oom_nothing_placed_gives_up_saying_so():
+    out = _kv(Diagnosis(Kind.OOM_WEIGHTS, phase="unknown"))
+    assert out == R.GiveUp("CUDA ran out of memory and nothing in the log says where; read as the start-up's first "
+                           "phase, the model's weights may not fit in GPU memory", EX_TEMPFAIL, R.ADVICE)
+    assert _kv(Diagnosis(Kind.OOM_WEIGHTS, phase="weights")) == R.GiveUp(
+        "the model's weights do not fit in GPU memory", EX_TEMPFAIL, R.ADVICE)
+
+
+# -- the engine generation as the log shows it decides the V0-only flags ----------------------------
+@pytest.mark.parametrize(("engine", "version", "chunked"), [
+    ("v0", None, True),            # a wrapper that hides the version: the log says V0
+    ("v0", "0.10.2", True),        # a 0.8-0.10 vLLM that fell back to V0
+    ("v1", "0.6.6", False),        # the log's V1 wins over a version read elsewhere
+    (None, "0.6.6", True),         # nothing logged: the version decides
+    ("v2", "0.6.6", True),         # an engine the guard does not know: the version decides
+    (None, None, False),
+])
+def test_v0_only_chunked_prefill_follows_the_engine_the_log_shows(engine, version, chunked):
+    numbers = {"max_model_len": 40960, "fit_max_model_len": 32768} | ({"engine": engine} if engine else {})
+    out = _kv(Diagnosis(KV, numbers=numbers), "--max-model-len 40960", vllm_version=version)
+    assert out.flags == Flags.parse("--max-model-len 32768" + (" --enable-chunked-prefill" if chunked else ""))
+
+
+# -- vLLM's batch defaults, as the launch's flags and version make them ------------------------------
+@pytest.mark.parametrize(("flags", "knows", "then"), [
+    # V0 (0.6.6) runs 256 sequences whatever the GPU: on an 80 GB card half of it is 128 (V1 0.32 would run 1024)
+    ("", {"vllm_version": "0.6.6", "gpu_total_gib": 79.19}, "--max-num-seqs 128"),
+    # the CPU build runs 128 sequences a rank: two ranks, 256, halved
+    ("--tensor-parallel-size 2", {"vllm_version": "0.32.0", "sizing": sized("0.32.0", TINY_CPU, platform="cpu")},
+     "--tensor-parallel-size 2 --max-num-seqs 128"),
+], ids=["V0 on 80 GB", "CPU, two ranks"])
+def test_oom_while_serving_halves_vllms_default_sequences(flags, knows, then):
+    out = _kv(D(Kind.OOM_RUNTIME), flags, **knows)
+    assert isinstance(out, R.Relaunch) and out.step == "oom_runtime" and out.flags == Flags.parse(then)
+
+
+@pytest.mark.parametrize(("flags", "version", "then"), [
+    # V0 with chunked prefill on: its 2048-token chunk is the batch, halved
+    ("--max-model-len 8192 --enable-chunked-prefill", "0.6.6", "--max-num-batched-tokens 1024"),
+    # 0.12+ holds the default batch to max_num_seqs x max_model_len: 256 x 7 = 1792, halved
+    ("--max-model-len 7", "0.32.0", "--max-num-batched-tokens 896"),
+], ids=["V0 chunked", "0.12+: a batch no bigger than the sequences' lengths"])
+def test_no_kv_memory_halves_vllms_default_batch(flags, version, then):
+    out = _kv(D(NO_KV), flags, vllm_version=version, rules=RemedyConfig(no_kv_order=("max_num_batched_tokens",)))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse(f"{flags} {then}")
+
+
+def test_the_plan_sizes_for_the_vllm_version_detected_at_start_up():
+    """The plan's facts built before the version was known: the version detected decides (0.10's numeric
+    length, not the latest vLLM's auto)."""
+    known = _no_kv_foreseen({})
+    late = _no_kv_foreseen({}, sizing=sized(None, compute_capability=(8, 9)))
+    assert late == known and late.flags.get_int(MML_) is not None
+
+
+def test_free_memory_gives_up_where_the_share_holds_exactly_the_weights():
+    """At 0.49 of 16 GiB vLLM could use 7.84 GiB: weights of exactly that leave nothing for the KV cache."""
+    weights_gib = LLAMA.weights_bytes / 2**30
+    offload = weights_gib - 0.49 * 16.0          # what stays on the GPU is exactly 0.49 x 16 GiB
+    out = _kv(D(FREE, free_gib=8.08, total_gib=16.0, requested_utilization=0.9), f"--cpu-offload-gb {offload!r}",
+              sizing=sized("0.32.0"), vllm_version="0.32.0")
+    assert out == R.GiveUp("only 8.08 of 16.0 GiB is free on the GPU: at 0.49 vLLM could use 7.84 GiB, less than "
+                           "the model's weights (7.84 GiB per rank)", EX_TEMPFAIL, GPU_HELD)
+
+
+def test_a_cpu_kv_size_lowered_to_what_holds_the_length_leaves_the_length():
+    knows = {"sizing": sized("0.32.0", TINY_CPU, platform="cpu"), "vllm_version": "0.32.0", "block_size": 128}
+    cut = _kv(D(FREE, free_gib=0.5, total_gib=9.59, cpu_kv_gib=64.0, max_model_len=131072),
+              "--kv-cache-memory-bytes 64G --max-model-len 131072", **knows)
+    held = cut.flags.get_int(MML_)        # the length 0.45 GiB of KV cache holds, by the plan
+    assert held is not None and held < 131072
+    out = _kv(D(FREE, free_gib=0.5, total_gib=9.59, cpu_kv_gib=64.0, max_model_len=held), "--kv-cache-memory-bytes 64G",
+              **knows)
+    assert out.flags == Flags.parse("--kv-cache-memory-bytes 482344960") and len(out.changes) == 1

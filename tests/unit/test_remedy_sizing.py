@@ -226,6 +226,13 @@ def test_v0_below_the_floor_takes_fp8_with_chunked_prefill_in_one_relaunch():
     assert isinstance(out, R.Relaunch) and out.step == "kv_cache_fp8", out
     assert out.flags.get("--kv-cache-dtype") == "fp8" and out.flags.enabled("--enable-chunked-prefill")
     assert not out.flags.has("--enforce-eager")        # graphs are captured outside V0's budget: no gain
+    kv, chunked, length = out.changes
+    assert (kv.flag, kv.why) == ("--kv-cache-dtype", f"only {fit} tokens fit, below the floor of 2048; fp8 KV "
+                                                    "doubles the capacity")
+    assert chunked.flag == "--enable-chunked-prefill" and chunked.why.startswith(f"vLLM V0 measured {fit} tokens")
+    doubled = 2 * (fit + int(_v0_gain(chunked) * 0.97)) // 16 * 16    # the gain less 3%, doubled, in whole blocks
+    assert (length.flag, length.new, length.why) == ("--max-model-len", str(doubled),
+                                                     f"about {doubled} tokens fit with fp8 KV")
     assert serves(name, version, out.flags).kind is None, serves(name, version, out.flags)
 
 
@@ -239,3 +246,139 @@ def test_before_0_20_eager_mode_is_not_a_way_to_a_bigger_kv_cache(version):
     assert isinstance(out, R.Relaunch) and out.step == "kv_small:max_num_batched_tokens", out
     newer = R.decide(d, flags, ctx("0.32.0", None, requested=flags))
     assert isinstance(newer, R.Relaunch) and newer.step == "kv_small:enforce_eager", newer
+
+
+# -- the KV relaunch before 0.20 on a shared GPU: the graph room, in tokens, written out -----------------
+QWEN7B_KV_BF16 = 2 * 28 * 4 * 128 * 2     # K and V x 28 layers x 4 KV heads x 128 dims x 2 bytes (config.json)
+UTIL, MML, CHUNKED = "--gpu-memory-utilization", "--max-model-len", "--enable-chunked-prefill"
+ESTIMATE_WHY = "the KV cache holds about {fit} tokens (vLLM's estimate), not {length}; with the changes below about "
+ROOM_WHY = ("other processes hold memory and this vLLM captures CUDA graphs outside its budget; {room} leaves room "
+            "for them (about {lost} tokens fewer)")
+V0_BELOW_32768 = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps the memory "
+                  "profile, and so the KV cache, as measured")
+
+
+def _kv_short(version: str, flags: str, numbers: dict, free: float | None, gpus: int = 1, requested: str = ""):
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers=numbers)
+    return R.decide(d, Flags.parse(flags), ctx(version, sizing("Qwen2.5-7B-Instruct", version, gpus=gpus), free=free,
+                                               requested=Flags.parse(requested)))
+
+
+def _tokens_lost(util: float, room: str, per_token: int) -> int:
+    """The KV tokens the lower share gives up: (util - room) x the GPU's total, in the model's bytes per token."""
+    return int((util - float(room)) * L4_TOTAL * GiB) // per_token
+
+
+@pytest.mark.parametrize(("flags", "numbers", "free", "gpus", "util", "per_token"), [
+    ("", {}, 21.0, 1, 0.90, QWEN7B_KV_BF16),                                   # 0.10's default share
+    ("--gpu-memory-utilization 0.9", {}, 21.0, 1, 0.90, QWEN7B_KV_BF16),      # the share as launched
+    ("--gpu-memory-utilization 0.95", {}, 21.8, 1, 0.95, QWEN7B_KV_BF16),
+    ("", {"requested_utilization": 0.95}, 21.5, 1, 0.95, QWEN7B_KV_BF16),       # the share as the log says it
+    ("--kv-cache-dtype fp8", {}, 21.0, 1, 0.90, QWEN7B_KV_BF16 // 2),          # 1 byte a value
+    ("--dtype float32", {}, 21.0, 1, 0.90, QWEN7B_KV_BF16 * 2),                # 4 bytes a value
+    ("--tensor-parallel-size 2", {}, 21.0, 2, 0.90, QWEN7B_KV_BF16 // 2),      # 2 of the 4 KV heads a rank
+])
+def test_busy_gpu_kv_relaunch_before_0_20_gives_up_the_tokens_its_graph_room_costs(flags, numbers, free, gpus, util,
+                                                                                    per_token):
+    out = _kv_short("0.10.1.1", flags, {"max_model_len": 32768, "fit_max_model_len": 20000, **numbers}, free, gpus)
+    assert isinstance(out, R.Relaunch) and out.step == "max_model_len"
+    room = out.flags.get(UTIL)
+    assert room is not None and float(room) < util
+    lost = _tokens_lost(util, room, per_token)
+    tokens = 20000 - lost
+    new_len = tokens // 16 * 16
+    assert out.changes == (
+        R.Change(MML, None, str(new_len),
+                 ESTIMATE_WHY.format(fit=20000, length=32768) + f"{tokens}, aligned down to the 16-token block"),
+        R.Change(UTIL, Flags.parse(flags).get(UTIL), room, ROOM_WHY.format(room=room, lost=lost)))
+    assert out.flags == Flags.parse(flags).set(UTIL, room).set(MML, str(new_len))
+    assert out.why == out.changes[0].why
+
+
+@pytest.mark.parametrize(("version", "flags", "free"), [
+    ("0.32.0", "", 21.0),                              # 0.20+ captures its graphs inside the budget
+    ("0.10.1.1", "", None),                            # the free memory unknown: no room to reckon
+    ("0.10.1.1", "--gpu-memory-utilization 0.89", 21.0),   # the share already leaves the room
+    ("0.10.1.1", "--enforce-eager", 21.0),             # no graphs to leave room for
+    ("0.32.0", "", 15.0),                              # ... however little is free
+    ("0.32.0", "", 20.2),                              # (a plan would lower 0.92 to 0.89 here)
+    ("0.10.1.1", "--enforce-eager", 15.0),
+    ("0.10.1.1", "--enforce-eager", 19.8),             # (a plan would lower 0.90 to 0.87 here)
+])
+def test_kv_relaunch_keeps_the_share_where_no_graph_room_is_needed(version, flags, free):
+    out = _kv_short(version, flags, {"max_model_len": 32768, "fit_max_model_len": 20000}, free)
+    assert out.changes == (R.Change(MML, None, "20000", "the KV cache holds about 20000 tokens (vLLM's estimate), "
+                                    "not 32768; 20000 is that, aligned down to the 16-token block"),)
+    assert out.flags == Flags.parse(flags).set(MML, "20000")
+
+
+def _v0_gain(change: R.Change) -> int:
+    """The tokens chunked prefill frees, as its reason states them ("... room for about N more")."""
+    return int(change.why.split("room for about ")[1].split(" more")[0])
+
+
+def test_v0_kv_relaunch_held_to_the_length_asked_for():
+    out = _kv_short("0.6.6.post1", "--max-model-len 32768", {"max_model_len": 32768, "fit_max_model_len": 10000},
+                    L4_TOTAL, requested="--max-model-len 20000")
+    tokens = 10000 + int(_v0_gain(out.changes[1]) * 0.97)      # 3% held back
+    assert tokens > 20000
+    assert out.changes[0] == R.Change(MML, "32768", "20000", ESTIMATE_WHY.format(fit=10000, length=32768)
+                                      + f"{tokens}, held to the 20000 asked for, aligned down to the 16-token block")
+    assert out.flags == Flags.parse("--max-model-len 20000 --enable-chunked-prefill")
+
+
+def test_v0_kv_relaunch_held_to_the_length_launched():
+    # 20001 is no whole number of 16-token blocks: the length aligned down is below the one launched
+    out = _kv_short("0.6.6.post1", "--max-model-len 20001", {"max_model_len": 20001, "fit_max_model_len": 10000},
+                    L4_TOTAL)
+    tokens = 10000 + int(_v0_gain(out.changes[1]) * 0.97)
+    assert tokens > 20001
+    assert out.changes[0] == R.Change(MML, "20001", "20000", ESTIMATE_WHY.format(fit=10000, length=20001)
+                                      + f"{tokens}, held to the 20001 launched, aligned down to the 16-token block")
+    assert out.flags == Flags.parse("--max-model-len 20000 --enable-chunked-prefill")
+
+
+def test_v0_kv_relaunch_exactly_at_the_length_asked_for_names_no_hold():
+    first = _kv_short("0.6.6.post1", "--max-model-len 4096", {"max_model_len": 4096, "fit_max_model_len": 3000},
+                      L4_TOTAL, requested="--max-model-len 3000")
+    estimate = 3000 - int(_v0_gain(first.changes[1]) * 0.97)       # with the gain, exactly the 3000 asked for
+    out = _kv_short("0.6.6.post1", "--max-model-len 4096", {"max_model_len": 4096, "fit_max_model_len": estimate},
+                    L4_TOTAL, requested="--max-model-len 3000")
+    assert out.changes[0] == R.Change(MML, "4096", "2992", ESTIMATE_WHY.format(fit=estimate, length=4096)
+                                      + "3000, aligned down to the 16-token block")
+
+
+def test_v0_kv_relaunch_at_32768_launched_adds_no_chunked_prefill():
+    """V0 at 32768 already profiled the whole context (its own chunking starts above): none to keep."""
+    out = _kv_short("0.6.6.post1", "--max-model-len 32768 --max-num-batched-tokens 32768",
+                    {"max_model_len": 32768, "fit_max_model_len": 30000}, 20.5)
+    room = out.flags.get(UTIL)
+    lost = _tokens_lost(0.90, room, QWEN7B_KV_BF16)
+    new_len = (30000 - lost) // 16 * 16
+    assert out.flags == Flags.parse(f"--max-model-len {new_len} --max-num-batched-tokens 32768 {UTIL} {room}")
+
+
+@pytest.mark.parametrize("launched", [32769, 65536])
+def test_v0_kv_relaunch_from_above_32768_to_32768_or_below_keeps_chunked_prefill(launched):
+    """Above 32768 V0 chunked prefill by itself; a relaunch at 32768 or below must ask for it."""
+    first = _kv_short("0.6.6.post1", f"--max-model-len {launched}",
+                      {"max_model_len": launched, "fit_max_model_len": 30000}, 20.5)
+    lost = _tokens_lost(0.90, first.flags.get(UTIL), QWEN7B_KV_BF16)
+    fit = 32768 + lost if launched > 32768 + lost else 30000      # exactly 32768 tokens where the length allows
+    out = _kv_short("0.6.6.post1", f"--max-model-len {launched}",
+                    {"max_model_len": launched, "fit_max_model_len": fit}, 20.5)
+    new_len = (fit - lost) // 16 * 16
+    assert new_len <= 32768
+    room = out.flags.get(UTIL)
+    assert out.changes[-1] == R.Change(CHUNKED, None, "", V0_BELOW_32768)
+    assert out.flags == Flags.parse(f"--max-model-len {new_len} {UTIL} {room} {CHUNKED}")
+
+
+def test_busy_gpu_kv_relaunch_before_0_20_down_to_exactly_the_floor():
+    first = _kv_short("0.10.1.1", "", {"max_model_len": 32768, "fit_max_model_len": 20000}, 21.0)
+    room = first.flags.get(UTIL)
+    lost = _tokens_lost(0.90, room, QWEN7B_KV_BF16)
+    fit = 2048 + lost                      # with the graph room, exactly the floor --min-model-len 2048
+    out = _kv_short("0.10.1.1", "", {"max_model_len": 32768, "fit_max_model_len": fit}, 21.0)
+    assert out.flags == Flags.parse(f"{UTIL} {room} {MML} 2048")
+    assert out.changes[0].why == ESTIMATE_WHY.format(fit=fit, length=32768) + "2048, aligned down to the 16-token block"

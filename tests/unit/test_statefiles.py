@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor import named_files
 from supervisor.errors import ConfigError, StateError
+from supervisor.shell import diskfaults, statelog
 from supervisor.shell import statefiles as sf
 from tests.fakes.planted import FOREIGN, KINDS, can_plant, plant
 
@@ -114,8 +116,8 @@ def test_a_reader_is_told_at_once_and_changes_nothing(tmp_path, kind):
     if kind in FOREIGN or kind == "over_cap":
         with pytest.raises(StateError):
             sf.read_bytes(p.path)
-        assert sf.open_follow(p.path) is None
-        assert list(sf.read_lines(p.path)) == []
+        assert statelog.open_follow(p.path) is None
+        assert list(statelog.read_lines(p.path)) == []
     else:
         assert sf.read_bytes(p.path) is not None
     assert time.monotonic() - t0 < 1
@@ -128,7 +130,7 @@ def test_a_writer_sets_aside_what_is_not_its_file_and_makes_it_anew(tmp_path, ki
     if can_plant(kind):
         pytest.skip(can_plant(kind))
     p = plant(tmp_path / "vllm.log", kind, tmp_path / "victims")
-    log = sf.AppendLog(p.path, 1 << 20)
+    log = statelog.AppendLog(p.path, 1 << 20)
     log.write(b"INFO a line the guard keeps")
     assert log.flush()
     log.close()
@@ -162,7 +164,7 @@ def test_tightening_a_dir_others_could_write_sets_aside_what_they_left(tmp_path)
 
 def test_a_kept_log_rotates_at_its_size_and_reads_back_whole(tmp_path):
     path = tmp_path / "vllm.log"
-    log = sf.AppendLog(path, 1000)
+    log = statelog.AppendLog(path, 1000)
     lines = [f"line {i:04d} {'x' * 40}".encode() for i in range(200)]
     for line in lines:
         log.write(line)
@@ -170,13 +172,13 @@ def test_a_kept_log_rotates_at_its_size_and_reads_back_whole(tmp_path):
             log.flush()
     log.close()
     assert path.stat().st_size <= 1000 and (tmp_path / "vllm.log.1").stat().st_size <= 1000
-    kept = list(sf.read_lines(path))
+    kept = list(statelog.read_lines(path))
     assert kept == lines[-len(kept):] and len(kept) >= 1000 // 50       # the newest, whole, in order
 
 
 def test_a_kept_log_follows_its_name_when_someone_moves_the_file(tmp_path):
     path = tmp_path / "vllm.log"
-    log = sf.AppendLog(path, 1 << 20)
+    log = statelog.AppendLog(path, 1 << 20)
     log.write(b"first")
     log.flush()
     path.rename(tmp_path / "moved")                # e.g. logrotate, or a person
@@ -191,7 +193,7 @@ def test_a_kept_log_follows_its_name_when_someone_moves_the_file(tmp_path):
 def test_disk_faults_are_logged_once_per_file():
     from structlog.testing import capture_logs
 
-    faults = sf.Faults()
+    faults = diskfaults.Faults()
     with capture_logs() as logs:
         for _ in range(5):
             faults.failed("/state/vllm.log", OSError(errno.ENOSPC, "No space left on device"))
@@ -237,7 +239,7 @@ def _fill(mnt: Path) -> Path:
 
 def test_a_full_disk_keeps_the_newest_lines_and_the_log_comes_back_once_it_has_room(small_disk):
     path = small_disk / "vllm.log"
-    log = sf.AppendLog(path, 8 << 20, retry_s=0.0, keep_while_failing=4096)
+    log = statelog.AppendLog(path, 8 << 20, retry_s=0.0, keep_while_failing=4096)
     log.write(b"before the disk filled")
     assert log.flush()
     filler = _fill(small_disk)
@@ -245,7 +247,7 @@ def test_a_full_disk_keeps_the_newest_lines_and_the_log_comes_back_once_it_has_r
         log.write(f"while full {i:05d} {'y' * 60}".encode())
         log.flush()                                # refused: kept in memory (bounded), never raises
     assert log.pending <= 4096 + 100
-    assert str(path) in sf.FAULTS.failing()
+    assert str(path) in diskfaults.FAULTS.failing()
     filler.unlink()
     log.write(b"after the disk had room again")
     assert log.flush()
@@ -255,7 +257,7 @@ def test_a_full_disk_keeps_the_newest_lines_and_the_log_comes_back_once_it_has_r
     assert any(b"bytes were not kept here" in line for line in kept)
     assert kept[-2].startswith(b"while full 01999")      # the newest of what the disk refused, kept
     assert all(line.startswith((b"before", b"while full", b"after", b"===")) for line in kept), kept[:5]
-    assert str(path) not in sf.FAULTS.failing()
+    assert str(path) not in diskfaults.FAULTS.failing()
 
 
 def test_a_full_disk_is_an_oserror_for_an_atomic_write_and_the_old_file_stays(small_disk):
@@ -276,18 +278,18 @@ def test_a_named_file_may_be_a_link_but_only_to_a_bounded_regular_file(tmp_path)
     real = tmp_path / "real.toml"
     real.write_text("model = 'm'\n")
     (tmp_path / "link.toml").symlink_to(real)
-    assert sf.read_named_file(str(tmp_path / "link.toml"), "config file", 100, "100 bytes") == b"model = 'm'\n"
+    assert named_files.read_named_file(str(tmp_path / "link.toml"), "config file", 100, "100 bytes") == b"model = 'm'\n"
     os.mkfifo(tmp_path / "fifo")
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match="fifo is not a regular file"):
-        sf.read_named_file(str(tmp_path / "fifo"), "config file", 100, "100 bytes")
+        named_files.read_named_file(str(tmp_path / "fifo"), "config file", 100, "100 bytes")
     assert time.monotonic() - t0 < 1
     with pytest.raises(ConfigError, match="is not a regular file"):
-        sf.read_named_file("/dev/zero", "token file", 100, "100 bytes")
+        named_files.read_named_file("/dev/zero", "token file", 100, "100 bytes")
     with pytest.raises(ConfigError, match="larger than 4 bytes"):
-        sf.read_named_file(str(real), "token file", 4, "4 bytes")
+        named_files.read_named_file(str(real), "token file", 4, "4 bytes")
     with pytest.raises(ConfigError, match="does not exist"):
-        sf.read_named_file(str(tmp_path / "nope"), "config file", 100, "100 bytes")
+        named_files.read_named_file(str(tmp_path / "nope"), "config file", 100, "100 bytes")
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -296,7 +298,7 @@ def test_a_named_file_is_read_whole_or_refused_never_cut(tmp_path, data, limit):
     path = tmp_path / "named"
     path.write_bytes(data)
     try:
-        got = sf.read_named_file(str(path), "config file", limit, f"{limit} bytes")
+        got = named_files.read_named_file(str(path), "config file", limit, f"{limit} bytes")
     except ConfigError as e:
         assert len(data) > limit and "larger than" in str(e)
     else:

@@ -54,18 +54,24 @@ def read_named_optional(path: str, what: str, limit: int, limit_text: str,
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise error(f"{what} {path} is not a regular file ({kind_of(st)})")
-        want = limit if head else limit + 1
-        chunks, size = [], 0
-        while size < want:
-            chunk = os.read(fd, min(1 << 20, want - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_at_most(fd, limit if head else limit + 1)
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
-    if size > limit:
+    if len(data) > limit:
         raise error(f"{what} {path} is larger than {limit_text}")
+    return data
+
+
+def read_at_most(fd: int, want: int) -> bytes:
+    """At most ``want`` bytes from ``fd``, read in chunks of 1 MiB (both doors read a file this way: one
+    byte more than their cap tells a file that grew past it)."""
+    chunks, size = [], 0
+    while size < want:
+        chunk = os.read(fd, min(1 << 20, want - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
     return b"".join(chunks)

@@ -50,7 +50,7 @@ from typing import Any
 import structlog
 
 from supervisor.errors import StateError, UnsafeDir
-from supervisor.named_files import kind_of
+from supervisor.named_files import kind_of, read_at_most
 
 log = structlog.get_logger("vllm-guard")
 
@@ -294,20 +294,14 @@ def read_bytes(path: str | Path, limit: int = MAX_STATE_FILE) -> bytes | None:
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
     try:
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_at_most(fd, limit + 1)
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
     finally:
         os.close(fd)
-    if size > limit:
+    if len(data) > limit:
         raise StateError(f"{path} is larger than {limit} bytes")
-    return b"".join(chunks)
+    return data
 
 
 def read_json(path: str | Path) -> Any:

@@ -654,6 +654,7 @@ _QUOTE = re.compile(r"^(?:>[ \t]?)+")
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
 #: the widest line of a paste an editor wrapped at _WRAP_MIN may fall short of it by a word
 _SOFT_MIN = _WRAP_MIN - 10
+_HYPHEN, _PUNCT = 1, 2             # a break after a hyphen, after a comma (see Normalizer._judge)
 _BREAKS_KEPT = 1024              # the breaks judged again when a wider line comes (the first ones)
 _SOURCE_INDENT = "    "          # a traceback's source line, as Python prints it under its frame
 _JOIN_CAP = 8000                 # a re-assembled wrapped record never grows past this
@@ -663,9 +664,11 @@ _PARTIAL_CAP = 1 << 20           # a CRI partial line joined up to this many cha
 _JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is given up at this many characters
 
 
-#: a record that may go on in the next line: its text so far, its head's message, read already (while the
-#: wrap was not known), folded, the line as its carrier printed it
+#: a record that may go on in the next line: its text so far, its first line, read already (while the wrap
+#: was not known), folded, the line as its carrier printed it (None: no carrier; "": several put together)
 _Chain = tuple[str, str, bool, bool, "str | None"]
+#: what a line a carrier's prefix begins never starts with (vLLM's own lines, a traceback's)
+_NO_CARRIER = frozenset(" \t\"'")
 
 
 _RAISED_ANY_CASE = re.compile(EXCEPTION_LINE.pattern, re.I)
@@ -674,6 +677,17 @@ _RAISED_ANY_CASE = re.compile(EXCEPTION_LINE.pattern, re.I)
 def _under_frame(text: str, before: str) -> bool:
     """An exception line after a traceback's frame or source line: the traceback's end, not the rest of it."""
     return bool(_RAISED_ANY_CASE.match(text)) and _ends_a_frame(before)
+
+
+_SPACES = re.compile(r" {2,}")
+_WORD_ENDS = frozenset('",;:)]}\'')
+
+
+def _gap(line: str) -> int:
+    """How wide the space an editor dropped after ``line`` may have been: one, or as wide as the widest run
+    of spaces between the line's own words (a banner, a table, a progress bar's padding)."""
+    body = line.strip()
+    return max(map(len, _SPACES.findall(body)), default=1) if "  " in body else 1
 
 
 def _one_word(line: str) -> bool:
@@ -688,10 +702,14 @@ def _hyphen_break(last: str, first: str) -> bool:
     return last[-1:] == "-" and last[-3:-1].isalpha() and first[:1].isalpha()
 
 
-def _in_word(last: str, first: str, full: bool, width: int) -> bool:
+def _in_word(last: str, first: str, full: bool, width: int, alone: bool = False) -> bool:
     """An editor broke inside a word, not at a space it dropped: after a hyphen, or (``full``: the line before
-    as wide as the wrap) in a word longer than the width, cut at it."""
-    return _hyphen_break(last, first) or (full and len(last) + len(first) > width)
+    as wide as the wrap) in a word longer than the width, cut at it. ``alone``: that word stood alone on the
+    line before; one that ends a quoted path or a clause (``",``, ``)``, ``:``) filled the line whole, as
+    one cut falls anywhere in a word."""
+    if _hyphen_break(last, first):
+        return True
+    return full and len(last) + len(first) > width and not (alone and last[-1:] in _WORD_ENDS)
 
 
 def _whole_frame(text: str) -> bool:
@@ -786,13 +804,14 @@ class Normalizer:
         self._prev_width = 0
         self._prev_raw = ""
         self._soft_before = ""                      # the record before, read as an editor's wrap
-        self._breaks: list[tuple[int, int, int, bool, bool]] = []   # where lines may have been broken
+        self._breaks: list[tuple[int, int, int, int, bool]] = []    # where lines may have been broken
         self._max_width = 0
         self._at_max = 0
         self._at_max_text = ""
         self._hard_seen = 0                         # lines that went on after one as wide as the widest
         self._soft_seen = 0                         # ... after one a word short of it
         self._spaced_cuts = 0                       # ... the first with a space at the cut
+        self._spaced_end = False                    # a line as wide as the widest ended in a space
         self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
         if live:
             self._order = "in"
@@ -849,7 +868,7 @@ class Normalizer:
         out: list[Record] = []
         self._out = out
         if self._json_buf:
-            rest = self._json_joined()
+            rest = self._json_joined()[0]
             self._ordered(rest, len(rest), None, None)
         for stream in list(self._partial):
             rest = self._partial_text(self._partial.pop(stream))
@@ -888,7 +907,7 @@ class Normalizer:
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
             # pieces have any width): this line begins a record of its own, or is a JSON line whole
             before = len(self._json_pieces[-1])
-            self._ordered(self._json_joined(), before, None, None)
+            self._ordered(self._json_joined()[0], before, None, None)
         if self._json_buf or (c == "{" and seg[:2] == '{"' and not _json_closed(seg)):
             # a JSON log line a terminal or an editor wrapped: its pieces until the object closes. Every
             # piece of a terminal's but the last is as wide as the terminal, so a narrower one that ends in a
@@ -904,8 +923,17 @@ class Normalizer:
             if (len(self._json_buf) < _JSON_WRAP_CAP and (len(seg) >= _SOFT_MIN or not braced)
                     and not (braced and _json_closed(self._json_buf))):
                 return
-            seg = self._json_joined()
+            seg, other = self._json_joined()
             c = "{"
+            if other is not None:
+                # how the paste was wrapped is not known yet: the line read both ways, the likelier first
+                ways = [(one, strip_carriers(one)) for one in (seg, other)]
+                if all(p.carriers and not p.partial and not guard_own(one) and not guard_own(p.text)
+                       for one, p in ways):
+                    self.carriers[ways[0][1].carriers[0]] += 1
+                    for one, p in ways:         # (one line: its time as the likelier reading has it)
+                        self._ordered(p.text, width, one, ways[0][1].ts)
+                    return
         if (not c or (c in "DIWEC(" and _FAST.match(seg))) and not self._partial:   # the fast path: vLLM's own line
             self._ordered(seg, width, None, None)
             return
@@ -949,25 +977,27 @@ class Normalizer:
         self._ordered(text, width, seg, p.ts)
 
     def _reads_soft(self) -> bool:
-        """The paste reads as an editor's wrap (known, or likelier so far): see :meth:`_mode`."""
+        """The paste reads as an editor's wrap, known or likelier so far (see :meth:`_mode`): a terminal's
+        wrap leaves a short line that goes on far more rarely than an editor's fills a line to the width, so
+        a short one weighs more (about 3 to 2); with nothing seen, a terminal's (the likelier paste)."""
         mode = self._mode()
-        return mode == "soft" or (mode is None and self._soft_seen > self._hard_seen)
+        return mode == "soft" or (mode is None and 3 * self._soft_seen > 2 * self._hard_seen)
 
-    def _dropped_space(self, width: int, last: str, first: str) -> bool:
+    def _dropped_space(self, width: int, last: str, first: str, alone: bool = False) -> bool:
         """A line ``width`` wide (as printed) ending in the word ``last``, its wrap going on with ``first``,
         as an editor wrapped it: broken at a space it dropped, not inside a word (see :meth:`_wrap`)."""
-        return bool(last and first) and not _in_word(last, first, width == self._max_width, self._max_width)
+        return bool(last and first) and not _in_word(last, first, width == self._max_width, self._max_width, alone)
 
     def _partial_done(self, joined: _Pieces, width: int, ts: str | None) -> None:
-        """A CRI file's partial lines, the line whole: read as the paste's wrap reads (while nothing says how
-        it was wrapped, both ways, a terminal's first)."""
-        undecided = self._mode() is None and self._soft_seen == self._hard_seen
-        text = self._partial_text(joined, soft=None if not undecided else False)
+        """A CRI file's partial lines, the line whole: read as the paste's wrap reads (while it is not known,
+        both ways, the likelier first)."""
+        soft = self._reads_soft()
+        text = self._partial_text(joined, soft=soft)
         self._ordered(text, width, "", ts)     # carried, but no longer one line of it
-        if undecided and joined.wraps:
-            spaced = self._partial_text(joined, soft=True)
-            if spaced != text:
-                self._ordered(spaced, width, "", ts)
+        if self._mode() is None and joined.wraps:
+            other = self._partial_text(joined, soft=not soft)
+            if other != text:
+                self._ordered(other, width, "", ts)
 
     def _partial_text(self, joined: _Pieces, soft: bool | None = None) -> str:
         """A CRI file's partial lines put together: the kubelet's pieces glued, a wrap's after the space an
@@ -981,7 +1011,8 @@ class Normalizer:
         soft = self._reads_soft() if soft is None else soft
         for i, width, last in joined.wraps:
             piece = pieces[i]
-            if soft and self._dropped_space(width, last, piece.split(None, 1)[0] if piece.strip() else ""):
+            if soft and self._dropped_space(width, last, piece.split(None, 1)[0] if piece.strip() else "",
+                                            pieces[i - 1].strip() == last):
                 pieces[i] = " " + piece
         bounds = [*joined.entries, len(pieces)]
         sizes = [sum(map(len, pieces[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)][:-1]
@@ -996,25 +1027,33 @@ class Normalizer:
                     pieces[bounds[k + 1] - 1] += " "
         return "".join(pieces)
 
-    def _json_joined(self) -> str:
+    def _json_joined(self) -> tuple[str, str | None]:
         """The wrapped JSON log line whole again: its pieces glued where a terminal cut them (every piece but
         the last as wide as the terminal), or, where an editor broke it at words (pieces of several widths,
         as the log's other wrapped lines showed), joined with the space it dropped, glued only where it
-        broke inside a word (see :meth:`_wrap`); glued when it would not parse otherwise."""
+        broke inside a word (see :meth:`_wrap`); glued when it would not parse otherwise. While the wrap is
+        not known, both: (the likelier, the other); else (the one, None)."""
         glued, pieces = self._json_buf, self._json_pieces
         self._json_buf, self._json_pieces = "", []
         if len(pieces) < 2:
-            return glued
-        if not self._reads_soft():
-            return glued
+            return glued, None
+        undecided = self._mode() is None
+        soft = self._reads_soft()
+        if not undecided and not soft:
+            return glued, None
         w = max(self._max_width, *(len(p) for p in pieces[:-1]))
         out = [pieces[0]]
         for before, piece in zip(pieces, pieces[1:], strict=False):
             last = before.rsplit(None, 1)[-1] if before.strip() else ""
             first = piece.split(None, 1)[0] if piece.strip() else ""
-            out.append(piece if _in_word(last, first, len(before) == w, w) else " " + piece.lstrip())
+            out.append(piece if _in_word(last, first, len(before) == w, w, before.strip() == last)
+                       else " " + piece.lstrip())
         spaced = "".join(out)
-        return spaced if _json_closed(spaced) or not _json_closed(glued) else glued
+        if not _json_closed(spaced) and _json_closed(glued):
+            return glued, None
+        if undecided and spaced != glued:
+            return (spaced, glued) if soft else (glued, spaced)
+        return spaced if soft else glued, None
 
     def _unquote(self, seg: str) -> str:
         """Take off a markdown quote's markers, as the quote's first record wrote them (``> `` or ``>``,
@@ -1202,13 +1241,17 @@ class Normalizer:
         for brk in self._breaks:
             self._judge(*brk)
 
-    def _judge(self, pw: int, first: int, last: int, hyphen: bool, spaced: bool) -> None:
+    def _judge(self, pw: int, first: int, last: int, junction: int, spaced: bool) -> None:
         """What a line ``pw`` wide, then one that may go on with it (``first``: its first word's length,
-        ``last``: the last word's before; ``spaced``: a space at the break, the end of the one or the start
-        of the other), say of how the log was wrapped."""
+        ``last``: the last word's before; ``junction``: :data:`_HYPHEN` after a hyphen, :data:`_PUNCT` after a
+        comma, semicolon or colon right before a letter; ``spaced``: a space at the break, the end of the one
+        or the start of the other), say of how the log was wrapped."""
         w = self._max_width
         if pw == w >= _WRAP_MIN:
-            if not (hyphen or last + first > w) and self._at_max >= 2:
+            if junction == _PUNCT and not spaced:
+                # text puts a space after a comma: a terminal cuts between the two only where it had none
+                self._soft_seen += 1
+            elif not (junction == _HYPHEN or last + first > w) and self._at_max >= 2:
                 self._hard_seen += 1     # a terminal's cut (or an editor's line that filled the width)
                 self._spaced_cuts += spaced      # ... a terminal's: an editor drops the space it breaks at
         elif pw < w < pw + 1 + first and not spaced:
@@ -1220,7 +1263,8 @@ class Normalizer:
         first = line.split(None, 1)[0] if line.strip() else ""
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         hyphen = _hyphen_break(last, first)
-        brk = (width, len(first), len(last), hyphen, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
+        junction = _HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":") and first[:1].isalpha() else 0
+        brk = (width, len(first), len(last), junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
         if len(self._breaks) < _BREAKS_KEPT:
             self._breaks.append(brk)
         self._judge(*brk)
@@ -1235,13 +1279,14 @@ class Normalizer:
             return None
         hard, soft = self._hard_seen, self._soft_seen
         # lines as wide as the widest that go on: a terminal's, unless as many ended short; a space at a cut
-        # is a terminal's (an editor drops the space it breaks at), else a few full lines beside one short
-        # may be an editor's that filled the line
-        if self._at_max >= 2 and hard >= 2 * soft and (self._spaced_cuts or hard >= (3 if soft else 2)):
+        # (or at the end of a line as wide as the widest) is a terminal's, as an editor drops the space it
+        # breaks at; else, beside one that ended short, two full lines may be an editor's that filled them
+        if self._at_max >= 2 and hard >= 2 * soft and (self._spaced_cuts or self._spaced_end or hard >= 2 + bool(soft)):
             return "hard"
         # a line exactly as wide as the widest goes on in an editor's wrap too (it filled the line),
-        # but a terminal never leaves one short that goes on: as many short as full ones is an editor's
-        if self._soft_seen >= 3 and self._soft_seen >= self._hard_seen:
+        # but a terminal rarely leaves one short that goes on: as many short as full ones is an editor's,
+        # and so are two short beside at most one full
+        if soft >= 3 and soft >= hard or soft >= 2 and 3 * soft >= 2 * hard + 4:
             return "soft"
         return None
 
@@ -1274,6 +1319,8 @@ class Normalizer:
         text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
         if carried is None or len(carried) == width:    # (a line a carrier's joining put together: its pieces were)
             self._note_width(width, text, _one_word(carried or raw))
+            if width == self._max_width >= _WRAP_MIN and self._at_max >= 2 and raw[-1:] in (" ", "\t"):
+                self._spaced_end = True     # a terminal cut this line after a space (an editor drops it)
         maybe = not self._long_seen
         w = self._max_width
         out = self._out
@@ -1297,12 +1344,13 @@ class Normalizer:
                 ph, ps = pending
                 if ph is not None and exact and mode != "soft" and not _under_frame(text, ph[0]):
                     hard = self._joined(ph, raw, "", low, mode is not None)
-                glue = _in_word(last, first, exact, w)
+                glue = _in_word(last, first, exact, w, self._prev_raw.strip() == last)
                 if ps is not None and not indented and mode != "hard":
                     # a log header alone on its line: its message was put on the next, after a space of
                     # any width (the message's indentation went with it: a traceback logged line by line)
-                    bare = len(ps[0]) < 200 and not strip_header(ps[0])[0].strip()
-                    if ((bare or pw + 1 + len(first) > w) and not _under_frame(text, ps[0])
+                    head = self._recase.level(ps[0]) if ps[3] else ps[0]
+                    bare = len(head) < 200 and not strip_header(head)[0].strip()
+                    if ((bare or pw + _gap(self._prev_raw) + len(first) > w) and not _under_frame(text, ps[0])
                             and (glue or not _whole_frame(ps[0]))):
                         sep = "" if glue else " " + _SOURCE_INDENT * (bare and self._source_next(stripped))
                         soft = self._joined(ps, raw, sep, low, mode is not None)
@@ -1322,15 +1370,15 @@ class Normalizer:
             soft = None
         if maybe:                            # this line may be the head of a wrapped record
             if hard is None and mode != "soft" and width == w >= _WRAP_MIN:
-                hard = (raw, text, not confirmed, low, carried)
+                hard = (raw, raw, not confirmed, low, carried)
             if soft is None and mode != "hard":
-                soft = (raw, text, not confirmed, low, carried)
+                soft = (raw, raw, not confirmed, low, carried)
         if not confirmed or (hard is None and soft is None):
             out.append(self._record(raw))
         if not confirmed:                    # maybe a continuation, maybe a record of its own: both ways,
             ways = [chain[0] for chain, joined in ((hard, joined_hard), (soft, joined_soft))   # the likelier first
                     if chain is not None and joined]
-            if self._soft_seen > self._hard_seen:
+            if self._reads_soft():
                 ways.reverse()
             for way in ways if len(ways) < 2 or ways[0] != ways[1] else ways[:1]:
                 out.append(self._record(way)._replace(joined=True))
@@ -1344,8 +1392,7 @@ class Normalizer:
         source line, and its indentation went with the space the editor dropped."""
         return not _RAISED_ANY_CASE.match(message) and _whole_frame(self._soft_before)
 
-    @staticmethod
-    def _joined(chain: _Chain, raw: str, sep: str, low: bool, confirmed: bool) -> _Chain:
+    def _joined(self, chain: _Chain, raw: str, sep: str, low: bool, confirmed: bool) -> _Chain:
         """``chain``, a record so far, gone on in the line ``raw``: glued to it (``sep`` ""), or with the
         space (and indentation) an editor dropped."""
         text, head, done, plow, line = chain
@@ -1354,6 +1401,13 @@ class Normalizer:
             joined = strip_carriers(line).text
         else:
             joined = (text + raw if not sep else text.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
+            if line is None and text is head and text[:1] not in _NO_CARRIER:
+                # the first line was a carrier's prefix the wrap cut short (narrower than the prefix): whole
+                # again, it is one
+                p = strip_carriers(joined)
+                if p.carriers:
+                    self.carriers[p.carriers[0]] += 1
+                    return (p.text, head, done and not confirmed, plow and low, joined)
         return (joined, head, done and not confirmed, plow and low, line)
 
     def _flush_pending(self) -> None:

@@ -26,7 +26,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 # --------------------------------------------------------------------------- bytes -> lines
 MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
@@ -654,7 +654,8 @@ _QUOTE = re.compile(r"^(?:>[ \t]?)+")
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
 #: the widest line of a paste an editor wrapped at _WRAP_MIN may fall short of it by a word
 _SOFT_MIN = _WRAP_MIN - 10
-_HYPHEN, _PUNCT = 1, 2             # a break after a hyphen, after a comma (see Normalizer._judge)
+_HYPHEN, _PUNCT = 1, 2             # a break after a hyphen, where a space was (see Normalizer._judge)
+_WORD = re.compile(r"[a-z]+", re.I)
 _BREAKS_KEPT = 1024              # the breaks judged again when a wider line comes (the first ones)
 _SOURCE_INDENT = "    "          # a traceback's source line, as Python prints it under its frame
 _JOIN_CAP = 8000                 # a re-assembled wrapped record never grows past this
@@ -674,20 +675,39 @@ _NO_CARRIER = frozenset(" \t\"'")
 _RAISED_ANY_CASE = re.compile(EXCEPTION_LINE.pattern, re.I)
 
 
+_T = TypeVar("_T")
+
+
+def _both_ways(ways: list[_T]) -> list[_T]:
+    """A record read two ways, the likelier first: it again after the other, as the rules keep the first
+    verdict a record gives but the last number a start-up line states."""
+    if len(ways) < 2 or ways[0] == ways[1]:
+        return ways[:1]
+    return [ways[0], ways[1], ways[0]]
+
+
 def _under_frame(text: str, before: str) -> bool:
     """An exception line after a traceback's frame or source line: the traceback's end, not the rest of it."""
     return bool(_RAISED_ANY_CASE.match(text)) and _ends_a_frame(before)
 
 
 _SPACES = re.compile(r" {2,}")
+_NAME_REST = re.compile(r"[\w<>]+")
+#: how the carriers' prefixes that hold a time stamp begin (see CARRIERS): one cut before its end
+_PREFIX_START = re.compile(r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d|\[ *\d+\.\d{6}\]|\d{9,11}\.\d{6}|\[pod/"
+                           r"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d"
+                           r"|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d)", re.I)
 _WORD_ENDS = frozenset('",;:)]}\'')
+_WORD_OPENS = frozenset('"\'([{')
+_WORD_GOES_ON = frozenset(",.;:)]}")
 
 
 def _gap(line: str) -> int:
-    """How wide the space an editor dropped after ``line`` may have been: one, or as wide as the widest run
-    of spaces between the line's own words (a banner, a table, a progress bar's padding)."""
+    """How wide the space an editor dropped after ``line`` may have been: two (text puts two after a
+    sentence as often as one), or as wide as the widest run of spaces between the line's own words (a
+    banner, a table, a progress bar's padding)."""
     body = line.strip()
-    return max(map(len, _SPACES.findall(body)), default=1) if "  " in body else 1
+    return max(2, *map(len, _SPACES.findall(body))) if "  " in body else 2
 
 
 def _one_word(line: str) -> bool:
@@ -709,7 +729,13 @@ def _in_word(last: str, first: str, full: bool, width: int, alone: bool = False)
     one cut falls anywhere in a word."""
     if _hyphen_break(last, first):
         return True
-    return full and len(last) + len(first) > width and not (alone and last[-1:] in _WORD_ENDS)
+    # (a word longer than the width that goes on in the next line is the rest of one cut; one longer than
+    # the width itself stands whole on its line: a cut leaves no piece wider than the width)
+    # (and a word that opens with a quote or a bracket began after a space: the editor put it on a line of
+    # its own as the one before was full, and cut it there; a comma or a closing mark opens none)
+    return (full and len(last) + len(first) > width
+            and not (alone and last[-1:] in _WORD_ENDS and first[:1] not in _WORD_GOES_ON)
+            and len(first) <= width and first[:1] not in _WORD_OPENS)
 
 
 def _whole_frame(text: str) -> bool:
@@ -791,6 +817,7 @@ class Normalizer:
         self._all_quoted = True                     # every line so far began with ">"
         self._json_buf = ""                         # a JSON log line being put back together
         self._json_pieces: list[str] = []           # ... and its pieces, as wrapped
+        self._cut_head: tuple[str, int] | None = None      # a line that began like a carrier's prefix, cut
         self._partial: dict[str | None, _Pieces] = {}      # CRI partial lines being joined, by stream
         self._cri_cuts: Counter[int] = Counter()            # ... their lengths (the kubelet's cut, mostly)
         # order of a time-stamped log: None unknown, "in" oldest first, "newest" newest first
@@ -805,6 +832,7 @@ class Normalizer:
         self._prev_raw = ""
         self._soft_before = ""                      # the record before, read as an editor's wrap
         self._breaks: list[tuple[int, int, int, int, bool]] = []    # where lines may have been broken
+        self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
         self._max_width = 0
         self._at_max = 0
         self._at_max_text = ""
@@ -812,6 +840,7 @@ class Normalizer:
         self._soft_seen = 0                         # ... after one a word short of it
         self._spaced_cuts = 0                       # ... the first with a space at the cut
         self._spaced_end = False                    # a line as wide as the widest ended in a space
+        self._dropped_seen = 0                      # ... a line that wide, the space after it dropped
         self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
         if live:
             self._order = "in"
@@ -867,6 +896,10 @@ class Normalizer:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
         out: list[Record] = []
         self._out = out
+        if self._cut_head is not None:
+            head, head_width = self._cut_head
+            self._cut_head = None
+            self._ordered(head, head_width, None, None)
         if self._json_buf:
             rest = self._json_joined()[0]
             self._ordered(rest, len(rest), None, None)
@@ -931,9 +964,12 @@ class Normalizer:
                 if all(p.carriers and not p.partial and not guard_own(one) and not guard_own(p.text)
                        for one, p in ways):
                     self.carriers[ways[0][1].carriers[0]] += 1
-                    for one, p in ways:         # (one line: its time as the likelier reading has it)
+                    for one, p in _both_ways(ways):     # (one line: its time as the likelier reading has it)
                         self._ordered(p.text, width, one, ways[0][1].ts)
                     return
+        if self._cut_head is not None:
+            seg, width = self._rest_of_prefix(seg, width)
+            c = seg[:1]
         if (not c or (c in "DIWEC(" and _FAST.match(seg))) and not self._partial:   # the fast path: vLLM's own line
             self._ordered(seg, width, None, None)
             return
@@ -949,6 +985,11 @@ class Normalizer:
                 # after the carrier's prefix alone, the rest of its line: the space dropped there was the
                 # carrier's own, and what the kubelet cut before goes on here
                 joined.add(seg, width, wrap=not joined.bare)
+                return
+            if not self._long_seen and _PREFIX_START.match(seg):
+                # a carrier's time stamp, the rest of its prefix wrapped onto the next line (a paste narrower
+                # than the prefix): held for that line
+                self._cut_head = (seg, width)
                 return
             self._ordered(seg, width, None, None)
             return
@@ -979,9 +1020,10 @@ class Normalizer:
     def _reads_soft(self) -> bool:
         """The paste reads as an editor's wrap, known or likelier so far (see :meth:`_mode`): a terminal's
         wrap leaves a short line that goes on far more rarely than an editor's fills a line to the width, so
-        a short one weighs more (about 3 to 2); with nothing seen, a terminal's (the likelier paste)."""
+        a short one weighs more (about 3 to 2); with nothing seen, or as much of each, a terminal's (the
+        likelier paste)."""
         mode = self._mode()
-        return mode == "soft" or (mode is None and 3 * self._soft_seen > 2 * self._hard_seen)
+        return mode == "soft" or (mode is None and 3 * self._soft_seen > 2 * self._hard_seen + 1)
 
     def _dropped_space(self, width: int, last: str, first: str, alone: bool = False) -> bool:
         """A line ``width`` wide (as printed) ending in the word ``last``, its wrap going on with ``first``,
@@ -992,12 +1034,11 @@ class Normalizer:
         """A CRI file's partial lines, the line whole: read as the paste's wrap reads (while it is not known,
         both ways, the likelier first)."""
         soft = self._reads_soft()
-        text = self._partial_text(joined, soft=soft)
-        self._ordered(text, width, "", ts)     # carried, but no longer one line of it
+        ways = [self._partial_text(joined, soft=soft)]
         if self._mode() is None and joined.wraps:
-            other = self._partial_text(joined, soft=not soft)
-            if other != text:
-                self._ordered(other, width, "", ts)
+            ways.append(self._partial_text(joined, soft=not soft))
+        for text in _both_ways(ways):
+            self._ordered(text, width, "", ts)     # carried, but no longer one line of it
 
     def _partial_text(self, joined: _Pieces, soft: bool | None = None) -> str:
         """A CRI file's partial lines put together: the kubelet's pieces glued, a wrap's after the space an
@@ -1020,12 +1061,46 @@ class Normalizer:
             self._cri_cuts.update(sizes)
         cut = self._cri_cuts.most_common(1)[0][0] if self._cri_cuts else 0
         for k, size in enumerate(sizes):
-            if size == cut - 1 and bounds[k + 1] > bounds[k]:
-                if k in joined.bared:       # ... or began with, dropped with the prefix's own space
-                    pieces[bounds[k]] = " " + pieces[bounds[k]]
+            a, b = bounds[k], bounds[k + 1]
+            if size == cut - 1 and b > a:
+                # ... or began with, dropped with the prefix's own space: where a space reads likelier
+                if (k in joined.bared and a > 0
+                        and self._space_reads(pieces[a - 1], pieces[a]) > self._space_reads(pieces[b - 1], pieces[b])):
+                    pieces[a] = " " + pieces[a]
                 else:
-                    pieces[bounds[k + 1] - 1] += " "
+                    pieces[b - 1] += " "
         return "".join(pieces)
+
+    def _space_reads(self, before: str, after: str) -> int:
+        """How well a space reads between the end of ``before`` and the start of ``after``: 2 after a comma
+        or between two words of vLLM's messages, 0 inside a number, 1 otherwise."""
+        last = before.rsplit(None, 1)[-1] if before.strip() else ""
+        first = after.split(None, 1)[0] if after.strip() else ""
+        if not last or not first:
+            return 1
+        if last[-1] in ",;:." and first[0].isalpha():
+            return 2
+        if last[-1].isalpha() and first[0].isalpha() and self._two_words(last, first):
+            return 2
+        return 0 if (last[-1].isdigit() or last[-1] == ".") and first[0].isdigit() else 1
+
+    def _rest_of_prefix(self, seg: str, width: int) -> tuple[str, int]:
+        """The line after one that began like a carrier's prefix (held in ``_cut_head``): with it, the
+        carrier's line whole (put together as the paste's wrap reads: an editor's dropped space, a
+        terminal's cut), or, when it makes none, the held line as it was and this one next."""
+        head, head_width = self._cut_head or ("", 0)
+        self._cut_head = None
+        ways = [head.rstrip() + " " + seg.lstrip(), head + seg]
+        if not self._reads_soft():
+            ways.reverse()
+        for line in ways:
+            if strip_carriers(line).carriers:
+                self._note_width(head_width, head, _one_word(head))
+                self._judge_break(head, head_width, seg)
+                self._note_width(width, seg, _one_word(seg))
+                return line, width      # (its pieces noted: wider than either, it says nothing of the wrap)
+        self._ordered(head, head_width, None, None)
+        return seg, width
 
     def _json_joined(self) -> tuple[str, str | None]:
         """The wrapped JSON log line whole again: its pieces glued where a terminal cut them (every piece but
@@ -1237,20 +1312,36 @@ class Normalizer:
     def _recount(self) -> None:
         """The breaks seen so far judged again against the widest line (one wider than those before
         makes a line that looked as wide as the widest one that ended short)."""
-        self._hard_seen = self._soft_seen = self._spaced_cuts = 0
+        self._hard_seen = self._soft_seen = self._spaced_cuts = self._dropped_seen = 0
         for brk in self._breaks:
             self._judge(*brk)
 
+    def _two_words(self, last: str, first: str) -> bool:
+        """The end of ``last`` and the start of ``first`` are two words of vLLM's messages (the rules' own
+        phrases) and together none: the space between them was there."""
+        if self._words is None:
+            self._words = frozenset(w for phrases in self._recase._by_word.values() for low, _ in phrases
+                                    for w in _WORD.findall(low))
+        a = _WORD.findall(last)
+        b = _WORD.findall(first)
+        if not a or not b:
+            return False
+        a_, b_ = a[-1].lower(), b[0].lower()    # (a letter alone is no word: "1.10x", "x86")
+        return len(a_) > 1 and len(b_) > 1 and a_ in self._words and b_ in self._words and a_ + b_ not in self._words
+
     def _judge(self, pw: int, first: int, last: int, junction: int, spaced: bool) -> None:
         """What a line ``pw`` wide, then one that may go on with it (``first``: its first word's length,
-        ``last``: the last word's before; ``junction``: :data:`_HYPHEN` after a hyphen, :data:`_PUNCT` after a
-        comma, semicolon or colon right before a letter; ``spaced``: a space at the break, the end of the one
-        or the start of the other), say of how the log was wrapped."""
+        ``last``: the last word's before; ``junction``: :data:`_HYPHEN` after a hyphen, :data:`_PUNCT` where
+        a space was: after a comma, semicolon or colon right before a letter, or between two words that are
+        none together; ``spaced``: a space at the break, the end of the one or the start of the other), say of
+        how the log was wrapped."""
         w = self._max_width
         if pw == w >= _WRAP_MIN:
             if junction == _PUNCT and not spaced:
-                # text puts a space after a comma: a terminal cuts between the two only where it had none
+                # text puts a space after a comma (and between words): a terminal cuts there only where the
+                # text had none
                 self._soft_seen += 1
+                self._dropped_seen += 1
             elif not (junction == _HYPHEN or last + first > w) and self._at_max >= 2:
                 self._hard_seen += 1     # a terminal's cut (or an editor's line that filled the width)
                 self._spaced_cuts += spaced      # ... a terminal's: an editor drops the space it breaks at
@@ -1264,6 +1355,8 @@ class Normalizer:
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         hyphen = _hyphen_break(last, first)
         junction = _HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":") and first[:1].isalpha() else 0
+        if not junction and last[-1:].isalpha() and first[:1].isalpha() and self._two_words(last, first):
+            junction = _PUNCT
         brk = (width, len(first), len(last), junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
         if len(self._breaks) < _BREAKS_KEPT:
             self._breaks.append(brk)
@@ -1285,8 +1378,9 @@ class Normalizer:
             return "hard"
         # a line exactly as wide as the widest goes on in an editor's wrap too (it filled the line),
         # but a terminal rarely leaves one short that goes on: as many short as full ones is an editor's,
-        # and so are two short beside at most one full
-        if soft >= 3 and soft >= hard or soft >= 2 and 3 * soft >= 2 * hard + 4:
+        # and so are two short beside at most one full, or more short than full where a full one dropped
+        # the space after a comma or between two words (a terminal keeps it)
+        if soft >= 3 and soft >= hard or soft >= 2 and 3 * soft >= 2 * hard + 4 or self._dropped_seen and soft > hard:
             return "soft"
         return None
 
@@ -1351,8 +1445,11 @@ class Normalizer:
                     head = self._recase.level(ps[0]) if ps[3] else ps[0]
                     bare = len(head) < 200 and not strip_header(head)[0].strip()
                     if ((bare or pw + _gap(self._prev_raw) + len(first) > w) and not _under_frame(text, ps[0])
-                            and (glue or not _whole_frame(ps[0]))):
-                        sep = "" if glue else " " + _SOURCE_INDENT * (bare and self._source_next(stripped))
+                            # after a whole frame only the rest of its function's name, cut at the width
+                            and (not _whole_frame(ps[0]) or glue and _NAME_REST.fullmatch(first))):
+                        # (a carrier's prefix alone: the space dropped was the prefix's own)
+                        sep = "" if glue else " " + _SOURCE_INDENT * (bare and bool(head.strip())
+                                                                       and self._source_next(stripped))
                         soft = self._joined(ps, raw, sep, low, mode is not None)
         if pending is not None:
             # a record neither reading goes on with ends here
@@ -1375,12 +1472,12 @@ class Normalizer:
                 soft = (raw, raw, not confirmed, low, carried)
         if not confirmed or (hard is None and soft is None):
             out.append(self._record(raw))
-        if not confirmed:                    # maybe a continuation, maybe a record of its own: both ways,
-            ways = [chain[0] for chain, joined in ((hard, joined_hard), (soft, joined_soft))   # the likelier first
+        if not confirmed:                    # maybe a continuation, maybe a record of its own: both ways
+            ways = [chain[0] for chain, joined in ((hard, joined_hard), (soft, joined_soft))
                     if chain is not None and joined]
             if self._reads_soft():
                 ways.reverse()
-            for way in ways if len(ways) < 2 or ways[0] != ways[1] else ways[:1]:
+            for way in _both_ways(ways):
                 out.append(self._record(way)._replace(joined=True))
         self._pending = (hard, soft) if hard is not None or soft is not None else None
         self._prev_width = width

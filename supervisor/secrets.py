@@ -30,8 +30,8 @@ to a key (``--ssl-keyfile``) is not a secret: the file is, and the guard never r
 holds that every flag of the table with a secret word in its name is decided one way or the other.
 
 Masking reads the registry at call time, so a value registered after a sink was made is masked
-there too; text (:meth:`Secrets.text`) and vLLM's raw lines (:meth:`Secrets.line`) use the same
-values and the same patterns.
+there too; text (:meth:`Secrets.text`) and vLLM's raw lines (:meth:`Secrets.line`, and
+:meth:`Secrets.lines` for the lines of one read of its pipe) use the same values and the same patterns.
 """
 
 from __future__ import annotations

@@ -466,8 +466,6 @@ def test_a_model_the_plan_cannot_size_leaves_every_rule_as_it_decides_without_th
     assert known == unknown
 
 
-@pytest.mark.xfail(strict=True, reason="plan.v0_chunked_gain_tokens divides the freed bytes by max(1, bytes per "
-                   "token): a model of 0 KV bytes per token 'gains' its activation bytes as tokens (reported)")
 def test_a_v0_relaunch_for_a_model_the_plan_cannot_size_claims_no_gain_from_chunked_prefill(unsizable):
     d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 8192, "fit_max_model_len": 19200})
     current = Flags.parse("--max-model-len 8192")

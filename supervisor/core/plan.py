@@ -79,7 +79,9 @@ def v0_chunked_gain_tokens(info: ModelInfo, *, from_tokens: int, to_tokens: int,
     before = activation_bytes(info, tokens=from_tokens, **kw)
     after = activation_bytes(info, tokens=to_tokens, **kw)
     per_token = kv_bytes_per_token(info, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
-    return max(0, before - after) // max(1, per_token)
+    if per_token <= 0:
+        return 0          # a model whose KV pages size to nothing (a config the plan cannot read): no claim
+    return max(0, before - after) // per_token
 
 
 def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_bytes: int | None, gpus: int,

@@ -12,6 +12,8 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from supervisor.core.classifier import _MILESTONE_STARTS as MILESTONE_STARTS
+from supervisor.core.messages import _MILESTONE_PREFIXES as MILESTONE_PREFIXES
 from supervisor.core.vllm_text import Normalizer
 from supervisor.secrets import Secrets
 from supervisor.shell.child import Child
@@ -117,3 +119,12 @@ def test_the_status_keeps_the_last_lines_of_a_read_longer_than_it_keeps(tmp_path
     r.vllm_lines([b"first read"])
     r.vllm_lines([f"line {i}".encode() for i in range(RECENT_LINES + 50)])
     assert list(r.recent) == [f"line {i}" for i in range(50, RECENT_LINES + 50)]
+
+
+# -- the classifier's milestone prefixes, indexed by their first character ------------------------------
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(max_size=30),
+                 st.tuples(st.sampled_from(MILESTONE_PREFIXES), st.text(max_size=10)).map("".join),
+                 st.sampled_from(MILESTONE_PREFIXES).map(lambda p: p[:-1])))
+def test_the_milestone_index_finds_what_trying_every_prefix_finds(text: str) -> None:
+    assert text.startswith(MILESTONE_STARTS.get(text[:1], ())) == text.startswith(MILESTONE_PREFIXES)

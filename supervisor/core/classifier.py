@@ -319,8 +319,8 @@ class Classifier:
             best = self._best
             if "validation error for" in best.evidence and len(best.evidence) < _EVIDENCE:
                 self._best = best._replace(evidence=f"{best.evidence}: {stripped}")
-        if level != _ERROR and (text.startswith(_MILESTONE_STARTS.get(text[:1], ())) or "block_size" in text or "engine (v" in text
-                                or "max_seq_len=" in text or "parallel_size" in text
+        if level != _ERROR and (text.startswith(_MILESTONE_STARTS.get(text[:1], ())) or "block_size" in text
+                                or "engine (v" in text or "max_seq_len=" in text or "parallel_size" in text
                                 or (self._phase <= 1 and "version" in text)):
             self._milestone(text, level, rank)
         if level != _INFO and text.startswith(REQUEST_LOGS):

@@ -705,6 +705,8 @@ _NAME_REST = re.compile(r"[\w<>]+")
 _PREFIX_START = re.compile(r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d|\[ *\d+\.\d{6}\]|\d{9,11}\.\d{6}|\[pod/"
                            r"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d"
                            r"|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d)", re.I)
+#: ... and any carrier's, Ray's among them (``(Name pid=N, ip=...)``)
+_CUT_PREFIX = re.compile(_PREFIX_START.pattern + r"|\((?:[\w:.-]+ )?pid=\d+,", re.I)
 _WORD_ENDS = frozenset('",;:)]}\'')
 _WORD_OPENS = frozenset('"\'([{')
 _WORD_GOES_ON = frozenset(",.;:)]}")
@@ -849,6 +851,7 @@ class Normalizer:
         self._spaced_cuts = 0                       # ... the first with a space at the cut
         self._spaced_end = False                    # a line as wide as the widest ended in a space
         self._dropped_seen = 0                      # ... a line that wide, the space after it dropped
+        self._cuts_seen: set[tuple[int, int]] = set()   # the full lines' breaks counted (words' lengths)
         self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
         if live:
             self._order = "in"
@@ -982,6 +985,8 @@ class Normalizer:
             c = "{"
             if other is not None:
                 # how the paste was wrapped is not known yet: the line read both ways, the likelier first
+                if self._with_header(seg, other) is other:
+                    seg, other = other, seg
                 ways = [(one, strip_carriers(one)) for one in (seg, other)]
                 if all(p.carriers and not p.partial and not guard_own(one) and not guard_own(p.text)
                        for one, p in ways):
@@ -1054,13 +1059,21 @@ class Normalizer:
 
     def _partial_done(self, joined: _Pieces, width: int, ts: str | None) -> None:
         """A CRI file's partial lines, the line whole: read as the paste's wrap reads (while it is not known,
-        both ways, the likelier first)."""
+        the reading that gives a record vLLM's log header where the other does not, else the likelier one:
+        what wraps it next goes on with the one record)."""
         soft = self._reads_soft()
-        ways = [self._partial_text(joined, soft=soft)]
+        text = self._partial_text(joined, soft=soft)
         if self._mode() is None and joined.wraps:
-            ways.append(self._partial_text(joined, soft=not soft))
-        for text in _both_ways(ways):
-            self._ordered(text, width, "", ts)     # carried, but no longer one line of it
+            text = self._with_header(text, self._partial_text(joined, soft=not soft))
+        self._ordered(text, width, "", ts)     # carried, but no longer one line of it
+
+    def _with_header(self, likelier: str, other: str) -> str:
+        """Of a line read two ways, the one where vLLM's log header is whole (a wrap cut into it in the
+        other; in any case), else the likelier."""
+        def headed(text: str) -> bool:
+            body = strip_carriers(text).text
+            return strip_header(self._recase.level(body) if folded(body) else body)[1] != Level.RAW
+        return other if headed(other) and not headed(likelier) else likelier
 
     def _partial_text(self, joined: _Pieces, soft: bool | None = None) -> str:
         """A CRI file's partial lines put together: the kubelet's pieces glued, a wrap's after the space an
@@ -1081,30 +1094,41 @@ class Normalizer:
         sizes = [sum(map(len, pieces[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)][:-1]
         if len(self._cri_cuts) < 64:
             self._cri_cuts.update(sizes)
-        cut = self._cri_cuts.most_common(1)[0][0] if self._cri_cuts else 0
+        cut, seen = self._cri_cuts.most_common(1)[0] if self._cri_cuts else (0, 0)
         for k, size in enumerate(sizes):
             a, b = bounds[k], bounds[k + 1]
-            if size == cut - 1 and b > a:
-                # ... or began with, dropped with the prefix's own space: where a space reads likelier
-                if (k in joined.bared and a > 0
-                        and self._space_reads(pieces[a - 1], pieces[a]) > self._space_reads(pieces[b - 1], pieces[b])):
+            # (while the length is not known, one seen once: where a space reads well between the pieces)
+            if b > a and (size == cut - 1 if seen > 1 else b < len(pieces)
+                          and self._space_reads(pieces[b - 1], pieces[b]) == 2):
+                # ... or began with, dropped with the prefix's own space: where a space reads likelier (none
+                # where it would split a number: the character lost was a space inside, two where one is)
+                end = self._space_reads(pieces[b - 1], pieces[b]) if b < len(pieces) else 1
+                start = self._space_reads(pieces[a - 1], pieces[a]) if k in joined.bared and a > 0 else -1
+                if start > end:
                     pieces[a] = " " + pieces[a]
-                else:
+                elif end > 0:
                     pieces[b - 1] += " "
+        last = len(bounds) - 2          # the line's last piece (its length not the kubelet's): its prefix alone
+        a = bounds[last] if last >= 0 else 0
+        if (last in joined.bared and 0 < a < len(pieces) and not pieces[a - 1].endswith(" ")
+                and self._space_reads(pieces[a - 1], pieces[a]) == 2):
+            pieces[a] = " " + pieces[a]     # on its line, and a space reads well before what followed
         return "".join(pieces)
 
     def _space_reads(self, before: str, after: str) -> int:
         """How well a space reads between the end of ``before`` and the start of ``after``: 2 after a comma
-        or between two words of vLLM's messages, 0 inside a number, 1 otherwise."""
+        or a colon (before a word, a quote or a bracket: a repr's ``: {``) or between two words of vLLM's
+        messages, 0 inside a number, 1 otherwise."""
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         first = after.split(None, 1)[0] if after.strip() else ""
         if not last or not first:
             return 1
-        if last[-1] in ",;:." and first[0].isalpha():
+        if last[-1] in ",;:." and (first[0].isalpha() or first[0] in "([{"):
             return 2
         if last[-1].isalpha() and first[0].isalpha() and self._two_words(last, first):
             return 2
-        return 0 if (last[-1].isdigit() or last[-1] == ".") and first[0].isdigit() else 1
+        digits = last[-1].isdigit() or last[-1] == "."
+        return 0 if digits and (first[0].isdigit() or first[0] == ".") else 1
 
     def _rest_of_prefix(self, seg: str, width: int) -> tuple[str, int]:
         """The line after one that began like a carrier's prefix (held in ``_cut_head``): with it, the
@@ -1335,6 +1359,7 @@ class Normalizer:
         """The breaks seen so far judged again against the widest line (one wider than those before
         makes a line that looked as wide as the widest one that ended short)."""
         self._hard_seen = self._soft_seen = self._spaced_cuts = self._dropped_seen = 0
+        self._cuts_seen.clear()
         for brk in self._breaks:
             self._judge(*brk)
 
@@ -1342,14 +1367,16 @@ class Normalizer:
         """The end of ``last`` and the start of ``first`` are two words of vLLM's messages (the rules' own
         phrases) and together none: the space between them was there."""
         if self._words is None:
-            self._words = frozenset(w for phrases in self._recase._by_word.values() for low, _ in phrases
-                                    for w in _WORD.findall(low))
+            cased = {w for phrases in self._recase._by_word.values() for _, p in phrases for w in _WORD.findall(p)}
+            self._words = frozenset(w.lower() for w in cased) | cased
         a = _WORD.findall(last)
         b = _WORD.findall(first)
         if not a or not b:
             return False
         a_, b_ = a[-1].lower(), b[0].lower()    # (a letter alone is no word: "1.10x", "x86")
-        return len(a_) > 1 and len(b_) > 1 and a_ in self._words and b_ in self._words and a_ + b_ not in self._words
+        # together, a word only as vLLM prints it ("APIServer": "API server" is two)
+        return (len(a_) > 1 and len(b_) > 1 and a_ in self._words and b_ in self._words
+                and a[-1] + b[0] not in self._words)
 
     def _judge(self, pw: int, first: int, last: int, junction: int, spaced: bool) -> None:
         """What a line ``pw`` wide, then one that may go on with it (``first``: its first word's length,
@@ -1364,8 +1391,12 @@ class Normalizer:
                 # text had none
                 self._soft_seen += 1
                 self._dropped_seen += 1
-            elif not (junction == _HYPHEN or last + first > w) and self._at_max >= 2:
-                self._hard_seen += 1     # a terminal's cut (or an editor's line that filled the width)
+            elif (not (junction == _HYPHEN or last + first > w) and self._at_max >= 2
+                    and (first, last) not in self._cuts_seen):
+                # a terminal's cut (or an editor's line that filled the width); lines that begin alike (one
+                # process's prefix and header) are broken alike, and say it once
+                self._cuts_seen.add((first, last))
+                self._hard_seen += 1
                 self._spaced_cuts += spaced      # ... a terminal's: an editor drops the space it breaks at
         elif pw < w < pw + 1 + first and not spaced:
             self._soft_seen += 1         # the next word would not have fit: an editor broke there
@@ -1376,7 +1407,9 @@ class Normalizer:
         first = line.split(None, 1)[0] if line.strip() else ""
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         hyphen = _hyphen_break(last, first)
-        junction = _HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":") and first[:1].isalpha() else 0
+        # (a bracket after a colon is a repr's ``: {``; a quote there may be compact JSON's ``":"``)
+        junction = (_HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":")
+                    and (first[:1].isalpha() or first[:1] in "([{") else 0)
         if not junction and last[-1:].isalpha() and first[:1].isalpha() and self._two_words(last, first):
             junction = _PUNCT
         brk = (width, len(first), len(last), junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
@@ -1447,9 +1480,11 @@ class Normalizer:
         if (maybe and stripped and self._prev_width and level == Level.RAW and proc is None and rank is None
                 and carried is None and not _begins_record(stripped, low)
                 # a log header begins a record of its own (its file and line cut off onto the next line),
-                # unless it goes on with the process tag of vLLM's that the line before ended in
+                # unless it goes on with the process tag of vLLM's that the line before ended in; so does a
+                # carrier's prefix the wrap cut short
                 and not (stripped[:1] in "DIWECdiwec" and _HEADER_START.match(stripped)
-                         and not _TAG_END.search(self._prev_raw[-120:]))):
+                         and not _TAG_END.search(self._prev_raw[-120:]))
+                and not _CUT_PREFIX.match(stripped)):
             # maybe the rest of the line before: how it would have been cut there, and what that says
             pw = self._prev_width
             first, last, hyphen = self._judge_break(self._prev_raw, pw, raw)
@@ -1464,14 +1499,14 @@ class Normalizer:
                 if ps is not None and not indented and mode != "hard":
                     # a log header alone on its line: its message was put on the next, after a space of
                     # any width (the message's indentation went with it: a traceback logged line by line)
-                    head = self._recase.level(ps[0]) if ps[3] else ps[0]
-                    bare = len(head) < 200 and not strip_header(head)[0].strip()
+                    head = strip_header(self._recase.level(ps[0]) if ps[3] else ps[0]) if len(ps[0]) < 200 else None
+                    bare = head is not None and not head[0].strip()
                     if ((bare or pw + _gap(self._prev_raw) + len(first) > w) and not _under_frame(text, ps[0])
                             # after a whole frame only the rest of its function's name, cut at the width
                             and (not _whole_frame(ps[0]) or glue and _NAME_REST.fullmatch(first))):
-                        # (a carrier's prefix alone: the space dropped was the prefix's own)
-                        sep = "" if glue else " " + _SOURCE_INDENT * (bare and bool(head.strip())
-                                                                       and self._source_next(stripped))
+                        # (after a carrier's prefix or a process tag alone, the space dropped was theirs)
+                        header = bare and head is not None and head[1] != Level.RAW
+                        sep = "" if glue else " " + _SOURCE_INDENT * (header and self._source_next(stripped))
                         soft = self._joined(ps, raw, sep, low, mode is not None)
         if pending is not None:
             # a record neither reading goes on with ends here

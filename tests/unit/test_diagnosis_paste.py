@@ -361,6 +361,57 @@ def test_compositions_of_pastes_keep_a_healthy_log_healthy(data: st.DataObject) 
     _check_healthy(case, ps)
 
 
+# --------------------------------------------------------------------------- wrapped at words, composed
+#: what else a paste wrapped at words went through (any of them, in the order a log travels)
+_WITH_WORD_WRAP = st.lists(st.sampled_from([n for n in sorted(TRANSFORMS) + ["head", "tail"] if n not in
+                                            ("wrap", "word-wrap")]), max_size=3, unique=True)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_compositions_with_a_paste_wrapped_at_words_keep_a_failures_kind_and_numbers(data: st.DataObject) -> None:
+    # every composition holds an editor's wrap: behind a carrier's prefix (cut short by a narrow wrap, or its
+    # JSON line or CRI partial lines broken at words), quoted, indented, lower case, cut, newest first
+    case = data.draw(st.sampled_from(FAILURES + FIXTURE_FAILURES), label="case")
+    names = ("word-wrap", *data.draw(_WITH_WORD_WRAP, label="with"))
+    _check_failure(case, data.draw(pastes(case, names), label="pastes"))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_compositions_with_a_paste_wrapped_at_words_keep_a_healthy_log_healthy(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(HEALTHY + FIXTURE_HEALTHY), label="case")
+    names = ("word-wrap", *data.draw(_WITH_WORD_WRAP, label="with"))
+    _check_healthy(case, [p for p in data.draw(pastes(case, names), label="pastes") if p.drops != "tail"])
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIER_LINES))
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_every_carrier_with_a_paste_wrapped_at_words_keeps_the_messages(carrier: str, data: st.DataObject) -> None:
+    # a prefix wider than a narrow wrap is cut (at its spaces, or inside it), and the time stamp that orders
+    # a console's entries is on a line of its own: each carrier, a share of the catalogue's messages
+    k = sorted(CARRIER_LINES).index(carrier)
+    ww = data.draw(TRANSFORMS["word-wrap"], label="word wrap")
+    for cases in list(_BY_ROW.values())[k % 8::8]:
+        _check_failure(cases[k % len(cases)], [_carrier(carrier), *ww])
+
+
+@pytest.mark.parametrize("width", [40, 300])
+def test_every_catalogue_message_wrapped_at_words_at_the_narrowest_and_widest_width_keeps_its_kind_and_numbers(
+        width: int) -> None:
+    """The class's edges, each way textwrap has (a word longer than the width cut or left whole on a line of its
+    own, wider than the width; hyphenated words broken or not): at 40 a log header and a traceback's path take
+    lines of their own, at 300 only a few lines are broken at all (little to tell an editor's wrap by)."""
+    for cases in _BY_ROW.values():
+        for long_words in (False, True):
+            for hyphens in (False, True):
+                _check_failure(cases[0], [_word_wrap(width, long_words, hyphens)])
+
+
 def test_a_newest_first_console_of_one_second_is_put_back_in_order_at_every_wrap_width() -> None:
     # every entry stamped the same second: only the text says the order (a traceback's header comes before
     # its frames); the header's line wrapped onto the next or whole, it is one vote (hypothesis found the

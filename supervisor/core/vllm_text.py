@@ -1108,9 +1108,9 @@ class Normalizer:
                     pieces[a] = " " + pieces[a]
                 elif end > 0:
                     pieces[b - 1] += " "
-        last = len(bounds) - 2          # the line's last piece (its length not the kubelet's): its prefix alone
-        a = bounds[last] if last >= 0 else 0
-        if (last in joined.bared and 0 < a < len(pieces) and not pieces[a - 1].endswith(" ")
+        final = len(bounds) - 2         # the line's last piece (its length not the kubelet's): its prefix alone
+        a = bounds[final] if final >= 0 else 0
+        if (final in joined.bared and 0 < a < len(pieces) and not pieces[a - 1].endswith(" ")
                 and self._space_reads(pieces[a - 1], pieces[a]) == 2):
             pieces[a] = " " + pieces[a]     # on its line, and a space reads well before what followed
         return "".join(pieces)

@@ -678,8 +678,13 @@ _JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is give
 #: a record that may go on in the next line: its text so far, its first line, read already (while the wrap
 #: was not known), folded, the line as its carrier printed it (None: no carrier; "": several put together)
 _Chain = tuple[str, str, bool, bool, "str | None"]
-#: what a line a carrier's prefix begins never starts with (vLLM's own lines, a traceback's)
-_NO_CARRIER = frozenset(" \t\"'")
+
+
+def _may_be_prefix(text: str) -> bool:
+    """``text`` may begin with a carrier's prefix (see :data:`CARRIERS`), cheaply told: a stamp's digit,
+    a bracket or parenthesis, a month's or weekday's name, a priority, a JSON object, a compose service."""
+    c = text[:1]
+    return c.isdigit() or c in "[(<{" or (c.isalpha() and text[3:4] == " ") or "|" in text[:64]
 
 
 _RAISED_ANY_CASE = re.compile(EXCEPTION_LINE.pattern, re.I)
@@ -1410,10 +1415,13 @@ class Normalizer:
         first = line.split(None, 1)[0] if line.strip() else ""
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         hyphen = _hyphen_break(last, first)
-        # (a bracket after a colon is a repr's ``: {``; a quote there may be compact JSON's ``":"``)
+        # (a bracket after a colon is a repr's ``: {``; a quote there may be compact JSON's ``":"``; what is
+        # dropped at a break matters only where the line before is as wide as the widest: no wider one that
+        # comes later makes it so)
         junction = (_HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":")
                     and (first[:1].isalpha() or first[:1] in "([{") else 0)
-        if not junction and last[-1:].isalpha() and first[:1].isalpha() and self._two_words(last, first):
+        if (not junction and width == self._max_width and last[-1:].isalpha() and first[:1].isalpha()
+                and self._two_words(last, first)):
             junction = _PUNCT
         brk = (width, len(first), last, junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
         if len(self._breaks) < _BREAKS_KEPT:
@@ -1487,12 +1495,19 @@ class Normalizer:
                 # carrier's prefix the wrap cut short
                 and not (stripped[:1] in "DIWECdiwec" and _HEADER_START.match(stripped)
                          and not _TAG_END.search(self._prev_raw[-120:]))
-                and not _CUT_PREFIX.match(stripped)):
+                and not (_may_be_prefix(stripped) and _CUT_PREFIX.match(stripped))):
             # maybe the rest of the line before: how it would have been cut there, and what that says
             pw = self._prev_width
-            first, last, hyphen = self._judge_break(self._prev_raw, pw, raw)
+            settled = self._hard_seen >= 32 and self._hard_seen >= 8 * self._soft_seen and self._mode() == "hard"
+            if settled:
+                # a terminal's wrap beyond doubt: only its cuts are read (the rest says nothing new)
+                ph = pending[0] if pending is not None else None
+                if ph is not None and pw == w and not _under_frame(text, ph[0]):
+                    hard = self._joined(ph, raw, "", low, True)
+            else:
+                first, last, hyphen = self._judge_break(self._prev_raw, pw, raw)
             indented = raw[:1] in (" ", "\t")          # an editor drops the space it broke at
-            if pending is not None:
+            if pending is not None and not settled:
                 mode = self._mode()
                 exact = pw == w >= _WRAP_MIN
                 ph, ps = pending
@@ -1502,7 +1517,10 @@ class Normalizer:
                 if ps is not None and not indented and mode != "hard":
                     # a log header alone on its line: its message was put on the next, after a space of
                     # any width (the message's indentation went with it: a traceback logged line by line)
-                    head = strip_header(self._recase.level(ps[0]) if ps[3] else ps[0]) if len(ps[0]) < 200 else None
+                    # (a header ends in "]" or ":", a process tag in ")": anything else is no header alone)
+                    tail = ps[0].rstrip()[-1:]
+                    head = (strip_header(self._recase.level(ps[0]) if ps[3] else ps[0])
+                            if len(ps[0]) < 200 and (not tail or tail in "]):") else None)
                     bare = head is not None and not head[0].strip()
                     if ((bare or pw + _gap(self._prev_raw) + len(first) > w) and not _under_frame(text, ps[0])
                             # after a whole frame only the rest of its function's name, cut at the width
@@ -1560,7 +1578,7 @@ class Normalizer:
             joined = strip_carriers(line).text
         else:
             joined = (text + raw if not sep else text.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
-            if line is None and text is head and text[:1] not in _NO_CARRIER:
+            if line is None and text is head and _may_be_prefix(text):
                 # the first line was a carrier's prefix the wrap cut short (narrower than the prefix): whole
                 # again, it is one
                 p = strip_carriers(joined)

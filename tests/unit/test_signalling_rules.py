@@ -1,0 +1,1105 @@
+"""The process chokepoint's rules one by one, on real processes, each in well under a second.
+
+Every test here starts real processes (``sleep``, a shell, a process forked from this one) and
+reads what happened to them from the kernel, never from signalling.py itself:
+
+- a child's end is read from its exit status: ``returncode == -N`` means signal N ended it (each
+  child is reaped by a thread of its own the moment it ends, as asyncio reaps the guard's);
+- a *recorder* is a ``sleep`` with every catchable signal blocked (the mask survives exec), so a
+  signal sent to it stays pending, and ``/proc/<pid>/status`` (SigPnd, ShdPnd) says exactly which
+  signals reached it, the moment ``kill`` returns; SIGTERM cannot end it, so it also stands in for a
+  vLLM that ignores SIGTERM;
+- the guard's own process gets handlers for SIGTERM and SIGUSR1 where a test could be wrong about
+  it, so a signal that reached it is counted rather than fatal;
+- where pidfds must be refused, a real seccomp filter refuses them, in a process forked from this
+  one (the module is the same code there);
+- a pid is made to be taken by another process for real (tests/fakes/pid_reuse.py).
+
+tests/integration/test_signalling.py and test_procs.py hold the same promises end to end (a whole
+launch, a guard, its orphan sweep); these are fast enough to run against each mutant of the module
+(scripts/mutation supervisor.shell.signalling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.shell import signalling
+from supervisor.shell.signalling import Proc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "fakes"))
+import pid_reuse  # noqa: E402
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics"),
+              pytest.mark.timeout(30)]
+
+SLEEP = shutil.which("sleep") or "/bin/sleep"
+SH = shutil.which("sh") or "/bin/sh"
+TICK = 1 / os.sysconf("SC_CLK_TCK")       # the kernel's start times are whole clock ticks
+CATCHABLE = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+AT_ONCE = 1.5       # "at once": well under any grace a test gives, far above the few ms it takes
+
+
+# --- reading the kernel (independently of signalling.py) -------------------------------------
+
+
+def status_field(pid: int, name: str) -> str:
+    """A field of ``/proc/<pid>/status`` (not the ``stat`` file signalling.py reads)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key == name:
+                return value.strip()
+    raise KeyError(name)
+
+
+def pending(pid: int) -> set[int]:
+    """The signals sent to ``pid`` that it has not taken (all of them, for a recorder)."""
+    mask = int(status_field(pid, "SigPnd"), 16) | int(status_field(pid, "ShdPnd"), 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` ("gone" when there is no such process)."""
+    try:
+        return status_field(pid, "State")[0]
+    except (OSError, KeyError):
+        return "gone"
+
+
+def children(pid: int) -> set[int]:
+    """``pid``'s children, from the kernel's own list (``/proc/<pid>/task/<pid>/children``)."""
+    try:
+        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for c in children(todo.pop()):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+
+def wait_until(pred, what: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.002)
+    return value
+
+
+def boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def free_pid() -> int:
+    """A pid no process holds now (that of a child just reaped)."""
+    p = subprocess.Popen([SLEEP, "0"])
+    p.wait()
+    return p.pid
+
+
+# --- real children ---------------------------------------------------------------------------
+
+
+def _block_catchable() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, CATCHABLE)
+
+
+class Kid:
+    """A child of this process: ``sleep 60`` (a recorder with ``record=True``), in the process group
+    ``group`` (0: its own; None: ours), reaped the moment it ends unless ``reaped=False``."""
+
+    def __init__(self, *, record: bool = False, group: int | None = 0, reaped: bool = True,
+                 argv: list[str] | None = None) -> None:
+        self.popen = subprocess.Popen(argv or [SLEEP, "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, process_group=group,
+                                      preexec_fn=_block_catchable if record else None)
+        self.pid = self.popen.pid
+        proc = Proc.live(self.pid)
+        assert proc is not None
+        self.proc = proc
+        self._waiter: threading.Thread | None = None
+        if reaped:
+            self._waiter = threading.Thread(target=self.popen.wait, daemon=True)
+            self._waiter.start()
+
+    def ended_by(self, timeout: float = 5.0) -> int | None:
+        """The signal that ended it; None while it still runs (after ``timeout``)."""
+        if self._waiter is not None:
+            self._waiter.join(timeout)
+        else:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout)
+        rc = self.popen.returncode
+        return None if rc is None else -rc
+
+    def runs(self) -> bool:
+        return state(self.pid) not in ("Z", "X", "gone")
+
+    def pending(self) -> set[int]:
+        return pending(self.pid)
+
+    def stop(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)      # the test's own act on its child
+        wait_until(lambda: state(self.pid) == "T", "SIGSTOP taking effect")
+
+
+@pytest.fixture
+def kids():
+    """``kids(...)`` starts a :class:`Kid`; whatever still runs at the end is SIGKILLed and reaped."""
+    made: list[Kid] = []
+
+    def make(**kw) -> Kid:
+        k = Kid(**kw)
+        made.append(k)
+        return k
+
+    yield make
+    for k in made:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k.pid, signal.SIGKILL)     # the test's cleanup, not the code under test
+        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+            k.popen.wait(10)
+
+
+@pytest.fixture(params=["pidfd", "psutil"])
+def way(request, monkeypatch):
+    """Both ways of sending: through a pidfd, and psutil's check-then-kill (old kernels, seccomp)."""
+    if request.param == "pidfd" and not signalling.pidfd_usable:
+        pytest.skip("this kernel gives no pidfds")
+    monkeypatch.setattr(signalling, "pidfd_usable", request.param == "pidfd")
+    return request.param
+
+
+class Caught:
+    """Signals that reached this (the test's, the guard's) process, counted by handlers."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    def __call__(self, sig, frame) -> None:
+        self.got.append(sig)
+
+
+@pytest.fixture
+def caught():
+    """This process counts SIGTERM, SIGUSR1 and SIGHUP instead of dying of them, for one test."""
+    c = Caught()
+    old = {s: signal.signal(s, c) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
+    yield c
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+@pytest.fixture
+def reaper():
+    """Orphans of this process's descendants are reparented to it (to be reaped) during the test."""
+    try:
+        with pid_reuse.subreaper():
+            yield
+    except pid_reuse.Unavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def pid_build(tmp_path_factory):
+    return tmp_path_factory.mktemp("pid_at")
+
+
+@pytest.fixture
+def impostor(pid_build):
+    """``impostor(pid)``: an unrelated process (a session leader of its own) now holds ``pid``."""
+    made: list[pid_reuse.Impostor] = []
+
+    def take(pid: int, after: float = 0.0) -> pid_reuse.Impostor:
+        # A start time is a whole clock tick: a process that took the pid within the tick of the
+        # one it replaces would carry the same start (here that needs clone3's set_tid, as root;
+        # on a machine, the pid space wrapping within 10 ms), so the impostor starts a tick later.
+        wait_until(lambda: boottime() >= after + 2 * TICK, "a clock tick to pass")
+        try:
+            imp = pid_reuse.take_pid(pid, pid_build / f"signals-{pid}-{len(made)}", pid_build)
+        except pid_reuse.Unavailable as e:
+            pytest.skip(str(e))
+        made.append(imp)
+        return imp
+
+    yield take
+    for imp in made:
+        imp.close()
+
+
+def zombie(kids) -> Kid:
+    """A child that has exited (SIGKILL) and that nobody has reaped yet."""
+    k = kids(reaped=False)
+    os.kill(k.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, k.pid, os.WEXITED | os.WNOWAIT)      # exited, still unreaped
+    assert state(k.pid) == "Z"
+    return k
+
+
+def reaped(kids) -> Kid:
+    """A child that has exited and been reaped: its pid is free."""
+    k = kids()
+    os.kill(k.pid, signal.SIGKILL)
+    assert k.ended_by() == signal.SIGKILL
+    return k
+
+
+def ancestors() -> set[int]:
+    """This process's ancestors, walked by hand through ``/proc/<pid>/status``'s PPid."""
+    found, pid = set(), os.getppid()
+    while pid > 0:
+        found.add(pid)
+        pid = int(status_field(pid, "PPid"))
+    return found
+
+
+# --- identity: a process is its pid and its kernel start time ----------------------------------
+
+
+def test_a_process_is_its_pid_its_kernel_start_time_and_this_boot(kids):
+    before = boottime()
+    k = kids()
+    after = boottime()
+    p = Proc.live(k.pid)
+    assert p is not None and p.pid == k.pid
+    # the kernel's start time, seconds since boot, truncated to a tick
+    assert before - TICK <= p.start <= after + TICK
+    assert p.boot == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert p == k.proc and Proc.live(k.pid) == p        # read again: the same process
+
+
+def test_the_kernels_view_names_the_parent_and_the_group(kids):
+    leader = kids(group=0)
+    member = kids(group=leader.pid)
+    ours = kids(group=None)
+    assert leader.proc.ppid() == member.proc.ppid() == ours.proc.ppid() == os.getpid()
+    assert leader.proc.pgid() == leader.pid
+    assert member.proc.pgid() == leader.pid
+    assert ours.proc.pgid() == os.getpgrp()
+    assert leader.proc.is_alive() and not leader.proc.stopped()
+
+
+def test_a_name_with_spaces_and_parentheses_does_not_shift_the_kernels_fields(kids, tmp_path):
+    # /proc/<pid>/stat is "pid (comm) state ppid pgrp ...": comm is the executable's name, and may
+    # hold ") " itself.
+    odd = tmp_path / "a) R 1 (b"
+    odd.symlink_to(SLEEP)
+    before = boottime()
+    k = kids(argv=[str(odd), "60"], group=0)
+    wait_until(lambda: status_field(k.pid, "Name") == "a) R 1 (b", "the exec of the oddly named program")
+    p = Proc.live(k.pid)
+    assert p is not None and before - TICK <= p.start <= boottime() + TICK
+    assert p.ppid() == os.getpid() and p.pgid() == k.pid
+    assert p.is_alive() and not p.stopped()
+    k.stop()
+    assert p.stopped()
+
+
+def test_no_pid_below_one_and_no_non_integer_names_a_process():
+    init = Proc.live(1)
+    assert init is not None and init.pid == 1 and init.is_alive()
+    for pid in (0, -1, -os.getpid()):
+        assert Proc.live(pid) is None
+    for pid in (True, "1", 1.0, None, str(os.getpid())):
+        assert Proc.live(pid) is None       # type: ignore[arg-type]
+
+
+def test_the_same_start_is_the_same_process_to_the_tick(kids):
+    p = kids().proc
+    assert p.same_start(p.start)
+    assert p.same_start(p.start + 0.4 * TICK) and p.same_start(p.start - 0.4 * TICK)
+    assert not p.same_start(p.start + TICK)            # one tick later: another process
+    assert not p.same_start(p.start - TICK)
+    assert not p.same_start(p.start + 1000.0)
+
+
+def test_the_same_pid_with_another_start_is_another_process_and_is_not_reached(kids, way):
+    k = kids(record=True)
+    for other in (Proc(k.pid, k.proc.start + TICK, k.proc.boot), Proc(k.pid, k.proc.start - TICK, k.proc.boot)):
+        assert not other.is_alive()
+        assert other.pgid() is None and other.ppid() is None and other.psutil() is None
+        assert signalling.lost([other, k.proc]) == [k.pid]
+        assert signalling.snapshot_tree(other) == []
+        assert signalling.send(other, signal.SIGUSR1) is False
+        assert signalling.send_group(k.pid, signal.SIGUSR1, other) is False
+    k.stop()
+    assert not Proc(k.pid, k.proc.start + TICK).stopped()
+    assert k.proc.stopped()
+    assert k.pending() == set(), "the process that has the pid now got a signal meant for another"
+
+
+def test_a_zombie_is_the_same_process_but_no_longer_alive(kids):
+    z = zombie(kids)
+    again = Proc.live(z.pid)
+    assert again == z.proc                        # still the same process (a zombie included)
+    assert not z.proc.is_alive() and not z.proc.stopped()
+    assert z.proc.ppid() == os.getpid()
+    assert signalling.lost([z.proc]) == [z.pid]
+    assert Proc.recorded(z.pid, z.proc.start, z.proc.boot) is None
+    assert signalling.snapshot_tree(z.proc) == []
+
+
+def test_a_reaped_process_is_gone_everywhere(kids, way):
+    r = reaped(kids)
+    assert Proc.live(r.pid) is None
+    assert not r.proc.is_alive() and not r.proc.stopped()
+    assert r.proc.pgid() is None and r.proc.ppid() is None and r.proc.psutil() is None
+    assert signalling.lost([r.proc]) == [r.pid]
+    assert signalling.send(r.proc, signal.SIGTERM) is False
+    assert signalling.send_group(r.pid, signal.SIGTERM, r.proc) is False
+    assert signalling.snapshot_tree(r.proc) == []
+    assert signalling.end([r.proc], r.pid, grace=5.0) == []
+
+
+def test_lost_names_exactly_the_processes_that_are_gone(kids):
+    alive, stopped = kids(), kids()
+    stopped.stop()
+    z, r = zombie(kids), reaped(kids)
+    other = Proc(alive.pid, alive.proc.start + 1.0)
+    assert signalling.lost([alive.proc, z.proc, stopped.proc, r.proc, other]) == [z.pid, r.pid, alive.pid]
+    assert signalling.lost([]) == []
+
+
+def test_a_record_names_its_process_only_while_it_runs_in_this_boot(kids):
+    k = kids()
+    me = k.proc
+    assert Proc.recorded(me.pid, me.start, me.boot) == me
+    assert Proc.recorded(me.pid, me.start) == me                   # an old record without a boot
+    assert Proc.recorded(me.pid, me.start, "") == me
+    got = Proc.recorded(me.pid, me.start, 7)                     # a boot that is no string: unknown
+    assert got == me and got is not None and got.boot == signalling.boot_id()
+    assert Proc.recorded(me.pid, me.start + TICK, me.boot) is None
+    assert Proc.recorded(me.pid, me.start, "another-boot") is None
+    for bad in [("1", me.start), (me.pid, "x"), (True, me.start), (me.pid, True), (me.pid, None), (None, None),
+                (float(me.pid), me.start)]:
+        assert Proc.recorded(*bad) is None
+    assert Proc.recorded(reaped(kids).pid, me.start) is None
+
+
+def test_where_this_machines_boot_id_is_unknown_any_recorded_boot_is_accepted(kids, monkeypatch):
+    k = kids()
+    monkeypatch.setattr(signalling, "_BOOT", "")
+    assert Proc.recorded(k.pid, k.proc.start, "another-boot") == Proc(k.pid, k.proc.start, "")
+    assert Proc.live(k.pid) == Proc(k.pid, k.proc.start, "")
+
+
+def test_the_boot_id_is_the_kernels_and_is_read_once(monkeypatch):
+    monkeypatch.setattr(signalling, "_BOOT", None)
+    want = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert len(want) == 36
+    assert signalling.boot_id() == want
+    assert signalling._BOOT == want and signalling.boot_id() == want
+
+
+def test_a_launch_record_keeps_pid_start_boot_and_a_create_time_for_people(kids):
+    k = kids()
+    rec = k.proc.record()
+    assert set(rec) == {"pid", "start", "boot", "create_time"}
+    assert rec["pid"] == k.pid and rec["start"] == k.proc.start and rec["boot"] == k.proc.boot
+    assert rec["create_time"] == pytest.approx(psutil.Process(k.pid).create_time(), abs=TICK)
+    assert Proc.recorded(rec["pid"], rec["start"], rec["boot"]) == k.proc
+
+
+def test_a_psutil_handle_is_for_this_very_process(kids):
+    k = kids()
+    h = k.proc.psutil()
+    assert h is not None and h.pid == k.pid and h.name() == "sleep"
+    assert Proc(free_pid(), 1.0).psutil() is None
+
+
+def test_the_protected_are_this_process_its_ancestors_and_pids_0_and_1():
+    assert signalling.protected() == {os.getpid(), 0, 1} | ancestors()
+
+
+def test_off_linux_the_same_facts_come_from_psutil(kids, monkeypatch):
+    # The psutil way of reading the kernel (macOS, the BSDs) run here, on the same real processes.
+    monkeypatch.setattr(signalling, "_LINUX", False)
+    leader, member = kids(group=0), kids(group=None)
+    before = time.time()
+    fresh = kids(group=0)
+    p = Proc.live(fresh.pid)
+    assert p is not None and before - 1.0 <= p.start <= time.time() + 1.0      # psutil: seconds since the epoch
+    assert p.start == pytest.approx(psutil.Process(fresh.pid).create_time())
+    assert p.is_alive() and not p.stopped() and p.ppid() == os.getpid() and p.pgid() == fresh.pid
+    lp = Proc.live(leader.pid)
+    mp = Proc.live(member.pid)
+    assert lp is not None and mp is not None and mp.pgid() == os.getpgrp() and lp.pgid() == leader.pid
+    fresh.stop()
+    assert p.stopped() and p.is_alive()
+    z = zombie(kids)
+    zp = Proc.live(z.pid)
+    assert zp is not None and not zp.is_alive() and not zp.stopped()
+    assert Proc.live(free_pid()) is None and Proc.live(0) is None
+
+
+# --- sending: only to the verified process -----------------------------------------------------
+
+
+def test_a_signal_reaches_the_verified_process_and_no_other(kids, way):
+    a, b = kids(record=True), kids(record=True)
+    assert signalling.send(a.proc, signal.SIGUSR1) is True
+    assert a.pending() == {signal.SIGUSR1}
+    assert b.pending() == set()
+    assert signalling.send(a.proc, signal.SIGHUP) is True
+    assert a.pending() == {signal.SIGUSR1, signal.SIGHUP}
+    assert signalling.send(b.proc, signal.SIGKILL) is True
+    assert b.ended_by() == signal.SIGKILL and a.runs()
+
+
+def test_a_sent_signal_leaves_no_descriptor_open(kids, way):
+    k = kids(record=True)
+    fds = set(os.listdir("/proc/self/fd"))
+    assert signalling.send(k.proc, signal.SIGUSR2) is True
+    assert signalling.send(Proc(k.pid, k.proc.start + TICK), signal.SIGUSR2) is False
+    assert set(os.listdir("/proc/self/fd")) == fds
+    assert k.pending() == {signal.SIGUSR2}
+
+
+def test_this_process_its_ancestors_and_pid_1_are_never_signalled(caught, way):
+    me = Proc.live(os.getpid())
+    assert me is not None
+    assert signalling.send(me, signal.SIGUSR1) is False
+    for pid in [os.getppid(), 1]:
+        p = Proc.live(pid)
+        assert p is not None
+        assert signalling.send(p, 0) is False         # signal 0: nothing is delivered either way
+    assert signalling.end([me], None, grace=5.0) == []
+    assert signalling.end([me], os.getpgrp(), grace=5.0) == []
+    assert caught.got == []
+
+
+def test_a_process_whose_pid_was_taken_is_never_signalled(kids, way, impostor):
+    k = kids(group=0)
+    old = k.proc
+    os.kill(k.pid, signal.SIGKILL)
+    assert k.ended_by() == signal.SIGKILL
+    imp = impostor(old.pid, after=old.start)
+    now = Proc.live(old.pid)
+    assert now is not None and now != old and imp.pgid() == old.pid    # it leads a group with the old id
+    assert signalling.send(old, signal.SIGTERM) is False
+    assert signalling.send_group(old.pid, signal.SIGTERM, old) is False
+    assert signalling.end([old], old.pid, grace=5.0) == []
+    assert signalling.snapshot_tree(old) == [] and signalling.lost([old]) == [old.pid]
+    assert imp.signals() == [] and imp.alive()
+
+
+# --- pidfds refused: a real seccomp filter, in a process forked from this one --------------------
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}.get(platform.machine())
+_NR = {"pidfd_send_signal": 424, "pidfd_open": 434}     # the same number on every architecture
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _refuse(syscall: str, err: int) -> None:
+    """From now on, in this process, ``syscall`` fails with ``err`` (a seccomp filter, as a container
+    runtime installs one)."""
+    ld, jeq, ret = 0x20, 0x15, 0x06                   # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+    allow, fail = 0x7FFF0000, 0x00050000 | err        # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH), (ret, 0, 0, allow),     # another ABI: allow
+            (ld, 0, 0, 0), (jeq, 0, 1, _NR[syscall]), (ret, 0, 0, fail), (ret, 0, 0, allow)]
+    filters = (_SockFilter * len(prog))(*prog)
+    fprog = _SockFprog(len(prog), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # NO_NEW_PRIVS, SECCOMP
+        raise OSError(ctypes.get_errno(), "seccomp")
+
+
+def _forked(fn) -> int:
+    """Run ``fn`` in a process forked from this one; its exit code (``fn``'s int, 99 on an error)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = fn()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.skipif(_AUDIT_ARCH is None, reason="seccomp filter written for x86_64 and aarch64")
+@pytest.mark.parametrize("syscall", ["pidfd_open", "pidfd_send_signal"])
+@pytest.mark.parametrize("err", [errno.EPERM, errno.ENOSYS])
+def test_where_pidfds_are_refused_the_signal_goes_by_psutils_check_then_kill(kids, monkeypatch, syscall, err):
+    if not signalling.pidfd_usable:
+        pytest.skip("this kernel gives no pidfds")
+    monkeypatch.setattr(signalling, "pidfd_usable", True)
+    plain, target = kids(record=True), kids(record=True)
+    # Here, unfiltered, the signal goes through a pidfd and pidfds stay in use.
+    assert signalling.send(plain.proc, signal.SIGUSR1) is True and signalling.pidfd_usable is True
+    stale = Proc(target.pid, target.proc.start + TICK)
+
+    def refused() -> int:
+        _refuse(syscall, err)
+        with pytest.raises(OSError) as e:
+            (os.pidfd_open(target.pid) if syscall == "pidfd_open"
+             else signal.pidfd_send_signal(os.pidfd_open(target.pid), 0))
+        assert e.value.errno == err
+        code = 0
+        if signalling.send(stale, signal.SIGUSR1) is not False:
+            code |= 1
+        if signalling.send(target.proc, signal.SIGUSR2) is not True:
+            code |= 2
+        # refused at pidfd_open: no pidfds for the rest of the run; refused only at the send: kept
+        if bool(signalling.pidfd_usable) != (syscall == "pidfd_send_signal"):
+            code |= 4
+        return code
+
+    assert _forked(refused) == 0
+    assert target.pending() == {signal.SIGUSR2}
+    assert plain.pending() == {signal.SIGUSR1}
+
+
+@pytest.mark.skipif(_AUDIT_ARCH is None, reason="seccomp filter written for x86_64 and aarch64")
+@pytest.mark.parametrize("syscall", ["pidfd_open", "pidfd_send_signal"])
+def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, monkeypatch, syscall):
+    # Only ENOSYS (no pidfds in this kernel) and EPERM (a seccomp filter) mean "signal another
+    # way"; any other failure of a pidfd is no licence to signal by bare pid.
+    if not signalling.pidfd_usable:
+        pytest.skip("this kernel gives no pidfds")
+    monkeypatch.setattr(signalling, "pidfd_usable", True)
+    target = kids(record=True)
+    assert signalling.send(target.proc, signal.SIGHUP) is True
+
+    def failing() -> int:
+        _refuse(syscall, errno.EACCES)
+        code = 0
+        if signalling.send(target.proc, signal.SIGUSR2) is not False:
+            code |= 1
+        if signalling.pidfd_usable is not True:
+            code |= 2
+        return code
+
+    assert _forked(failing) == 0
+    assert target.pending() == {signal.SIGHUP}
+
+
+# --- process groups: killpg only through a live, verified leader ---------------------------------
+
+
+def test_a_group_is_signalled_while_its_verified_leader_leads_it(kids, way):
+    leader = kids(record=True, group=0)
+    members = [kids(record=True, group=leader.pid) for _ in range(2)]
+    outsider = kids(record=True, group=0)
+    assert signalling.send_group(leader.pid, signal.SIGUSR1, leader.proc) is True
+    for k in [leader, *members]:
+        assert k.pending() == {signal.SIGUSR1}
+    assert outsider.pending() == set()
+    assert len(signalling.group_members(leader.pid)) == 3
+    assert set(signalling.group_members(leader.pid)) == {leader.proc, *(m.proc for m in members)}
+
+
+def test_no_killpg_without_the_groups_own_verified_leader(kids, way):
+    leader = kids(record=True, group=0)
+    member = kids(record=True, group=leader.pid)
+    for pgid, claimed in [(leader.pid, None), (leader.pid, member.proc),
+                          (leader.pid, Proc(leader.pid, leader.proc.start + TICK, leader.proc.boot)),
+                          (member.pid, member.proc), (0, leader.proc), (1, leader.proc), (-leader.pid, leader.proc)]:
+        assert signalling.send_group(pgid, signal.SIGUSR1, claimed) is False, (pgid, claimed)
+    assert leader.pending() == set() and member.pending() == set()
+
+
+def test_no_killpg_once_the_leader_is_gone(kids, way):
+    leader = kids(group=0)
+    members = [kids(record=True, group=leader.pid) for _ in range(2)]
+    os.kill(leader.pid, signal.SIGKILL)
+    assert leader.ended_by() == signal.SIGKILL
+    assert os.getpgid(members[0].pid) == leader.pid        # the group outlives its leader
+    assert signalling.send_group(leader.pid, signal.SIGUSR1, leader.proc) is False
+    assert [m.pending() for m in members] == [set(), set()]
+
+
+MOVER = ("import os, sys; sys.stdin.readline(); os.setpgid(0, int(sys.argv[1])); print('moved', flush=True); "
+         "sys.stdin.readline()")
+
+
+def test_no_killpg_when_the_leader_has_left_its_group(kids, way):
+    # A leader can join another group of its session; its old group lives on without it, and a
+    # killpg of it would reach only processes the leader no longer vouches for.
+    elsewhere = kids(record=True, group=0)
+    leader = subprocess.Popen([sys.executable, "-c", MOVER, str(elsewhere.pid)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, process_group=0)
+    try:
+        left = kids(record=True, group=leader.pid)
+        assert leader.stdin is not None and leader.stdout is not None
+        leader.stdin.write("go\n")
+        leader.stdin.flush()
+        assert leader.stdout.readline().strip() == "moved"
+        lp = Proc.live(leader.pid)
+        assert lp is not None and lp.is_alive() and lp.pgid() == elsewhere.pid
+        assert signalling.send_group(leader.pid, signal.SIGUSR1, lp) is False
+        assert left.pending() == set() and elsewhere.pending() == set()
+        assert signalling.end([left.proc], leader.pid, grace=0.05) == [left.pid]
+        assert left.ended_by() == signal.SIGKILL
+        assert elsewhere.pending() == set()
+    finally:
+        leader.kill()
+        leader.wait(10)
+
+
+def test_a_group_that_holds_this_process_or_an_ancestor_is_never_killpgd(kids, caught, way):
+    leader = kids(group=0)
+    member = kids(record=True, group=leader.pid)
+    home = os.getpgrp()
+    w_ready, w_go = os.pipe(), os.pipe()
+
+    def guard_below() -> int:
+        # a process forked from this one, in a group of its own: this process is its ancestor
+        os.setpgid(0, 0)
+        os.write(w_ready[1], b"x")
+        os.read(w_go[0], 1)                       # until this process has joined the group
+        code = 0 if signalling.send_group(leader.pid, signal.SIGUSR1, leader.proc) is False else 1
+        return code | (0 if signalling.end([leader.proc], leader.pid, grace=5.0) == [leader.pid] else 2)
+
+    result: list[int] = []
+    below = threading.Thread(target=lambda: result.append(_forked(guard_below)))
+    below.start()
+    os.read(w_ready[0], 1)
+    try:
+        os.setpgid(0, leader.pid)     # this process joins the child's group (as a guard sharing it would)
+    except PermissionError:
+        os.write(w_go[1], b"x")
+        below.join(10)
+        pytest.skip("this process leads a session: it cannot join another group")
+    try:
+        assert signalling.send_group(leader.pid, signal.SIGUSR1, leader.proc) is False
+        assert member.pending() == set()
+        os.write(w_go[1], b"x")
+        below.join(20)
+    finally:
+        os.setpgid(0, home if home != os.getpid() else 0)
+        for fd in (*w_ready, *w_go):
+            os.close(fd)
+    assert os.getpgrp() == home
+    assert result == [0]
+    assert caught.got == []
+    assert leader.ended_by() == signal.SIGTERM
+    assert member.pending() == set(), "a member nobody listed was signalled through the group"
+
+
+# --- a tree: the root and what descends from it now --------------------------------------------
+
+
+TREE = 'sleep 60 & sh -c "sleep 60 & wait" & wait'
+
+
+def test_a_tree_is_its_root_then_every_descendant_and_nothing_else(kids):
+    root = kids(argv=[SH, "-c", TREE], group=0)
+    below = wait_until(lambda: len(d := descendants(root.pid)) == 3 and d, "the tree to be built")
+    unrelated = kids()
+    tree = signalling.snapshot_tree(root.proc)
+    assert tree[0] == root.proc
+    assert set(tree) == {root.proc} | {Proc.live(pid) for pid in below}
+    assert len(tree) == 4 and unrelated.proc not in tree
+    assert all(p.boot == signalling.boot_id() for p in tree)
+    assert signalling.snapshot_tree(unrelated.proc) == [unrelated.proc]
+
+
+def test_a_tree_of_a_process_that_is_not_the_recorded_one_is_empty(kids):
+    root = kids(argv=[SH, "-c", TREE], group=0)
+    wait_until(lambda: len(descendants(root.pid)) == 3, "the tree to be built")
+    assert signalling.snapshot_tree(Proc(root.pid, root.proc.start + TICK)) == []
+    assert signalling.snapshot_tree(Proc(free_pid(), 1.0)) == []
+
+
+# --- ending processes: SIGTERM, a grace, SIGKILL --------------------------------------------------
+
+
+def test_a_process_that_obeys_sigterm_is_ended_by_it_without_waiting_the_grace(kids, way):
+    k = kids()
+    t0 = time.monotonic()
+    assert signalling.end([k.proc], None, grace=10.0) == [k.pid]
+    assert time.monotonic() - t0 < AT_ONCE
+    assert k.ended_by() == signal.SIGTERM
+
+
+def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace(kids, way):
+    k, obeys = kids(record=True), kids()
+    grace = 0.4
+    t0 = time.monotonic()
+    assert signalling.end([k.proc, obeys.proc], None, grace=grace) == sorted([k.pid, obeys.pid])
+    took = time.monotonic() - t0
+    assert grace <= took < grace + AT_ONCE
+    assert k.ended_by() == signal.SIGKILL and obeys.ended_by() == signal.SIGTERM
+
+
+def test_sigterm_comes_first_and_sigkill_only_once_the_grace_is_over(kids, way):
+    k = kids(record=True)
+    done: list[list[int]] = []
+    t0 = time.monotonic()
+    worker = threading.Thread(target=lambda: done.append(signalling.end([k.proc], None, grace=0.6)))
+    worker.start()
+    wait_until(lambda: signal.SIGTERM in k.pending(), "the SIGTERM")
+    assert k.pending() == {signal.SIGTERM} and k.runs() and time.monotonic() - t0 < 0.6
+    worker.join(10)
+    assert done == [[k.pid]] and k.ended_by() == signal.SIGKILL
+    assert time.monotonic() - t0 >= 0.6
+
+
+def test_a_second_stop_request_ends_the_grace_at_once(kids, way):
+    k = kids(record=True)
+    hurry = threading.Event()
+    done: list[list[int]] = []
+    worker = threading.Thread(target=lambda: done.append(signalling.end([k.proc], None, grace=30.0, hurry=hurry)))
+    worker.start()
+    wait_until(lambda: signal.SIGTERM in k.pending(), "the SIGTERM")
+    t0 = time.monotonic()
+    hurry.set()
+    worker.join(10)
+    assert done == [[k.pid]] and time.monotonic() - t0 < AT_ONCE
+    assert k.ended_by() == signal.SIGKILL
+    # asked twice before the stop began: no grace at all
+    again = kids(record=True)
+    t0 = time.monotonic()
+    assert signalling.end([again.proc], None, grace=30.0, hurry=hurry) == [again.pid]
+    assert time.monotonic() - t0 < AT_ONCE and again.ended_by() == signal.SIGKILL
+
+
+def test_an_unset_second_request_changes_nothing(kids, way):
+    k = kids(record=True)
+    t0 = time.monotonic()
+    assert signalling.end([k.proc], None, grace=0.3, hurry=threading.Event()) == [k.pid]
+    assert time.monotonic() - t0 >= 0.3 and k.ended_by() == signal.SIGKILL
+
+
+def test_a_stopped_process_gets_sigkill_at_once_not_a_grace_it_cannot_use(kids, way):
+    stopped, obeys = kids(record=True), kids()
+    stopped.stop()
+    t0 = time.monotonic()
+    assert signalling.end([stopped.proc, obeys.proc], None, grace=30.0) == sorted([stopped.pid, obeys.pid])
+    assert time.monotonic() - t0 < AT_ONCE
+    assert stopped.ended_by() == signal.SIGKILL and obeys.ended_by() == signal.SIGTERM
+
+
+def test_a_process_stopped_during_the_grace_gets_sigkill_then(kids, way):
+    k = kids(record=True)
+    done: list[list[int]] = []
+    worker = threading.Thread(target=lambda: done.append(signalling.end([k.proc], None, grace=30.0)))
+    worker.start()
+    wait_until(lambda: signal.SIGTERM in k.pending(), "the SIGTERM")
+    t0 = time.monotonic()
+    k.stop()
+    worker.join(10)
+    assert done == [[k.pid]] and time.monotonic() - t0 < AT_ONCE
+    assert k.ended_by() == signal.SIGKILL
+
+
+def test_the_group_of_a_live_leader_is_ended_members_not_listed_included(kids, way):
+    leader = kids(group=0)
+    listed = kids(group=leader.pid)
+    unlisted = kids(group=leader.pid)
+    outsider = kids(record=True, group=0)
+    t0 = time.monotonic()
+    assert signalling.end([leader.proc, listed.proc], leader.pid, grace=10.0) == sorted(
+        [leader.pid, listed.pid, unlisted.pid])
+    assert time.monotonic() - t0 < AT_ONCE
+    assert [k.ended_by() for k in (leader, listed, unlisted)] == [signal.SIGTERM] * 3
+    assert outsider.pending() == set()
+
+
+def test_a_stubborn_group_gets_sigkill_members_not_listed_included(kids, way):
+    leader = kids(record=True, group=0)
+    unlisted = kids(record=True, group=leader.pid)
+    obeys = kids(group=leader.pid)
+    t0 = time.monotonic()
+    assert signalling.end([leader.proc], leader.pid, grace=0.3) == sorted([leader.pid, unlisted.pid, obeys.pid])
+    assert 0.3 <= time.monotonic() - t0 < 0.3 + AT_ONCE
+    assert [k.ended_by() for k in (leader, unlisted, obeys)] == [signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]
+
+
+def test_a_member_that_joins_the_group_during_the_grace_is_ended_too(kids, way):
+    leader = kids(record=True, group=0)
+    done: list[list[int]] = []
+    worker = threading.Thread(target=lambda: done.append(signalling.end([leader.proc], leader.pid, grace=0.5)))
+    worker.start()
+    wait_until(lambda: signal.SIGTERM in leader.pending(), "the SIGTERM")
+    late = kids(record=True, group=leader.pid)        # forked after the stop looked at the group
+    worker.join(10)
+    assert done == [sorted([leader.pid, late.pid])]
+    assert leader.ended_by() == signal.SIGKILL and late.ended_by() == signal.SIGKILL
+
+
+def test_a_group_whose_leader_is_gone_is_ended_only_through_the_listed_members(kids, way):
+    leader = kids(group=0)
+    listed = kids(group=leader.pid)
+    stubborn = kids(record=True, group=leader.pid)
+    unlisted = kids(record=True, group=leader.pid)
+    os.kill(leader.pid, signal.SIGKILL)
+    assert leader.ended_by() == signal.SIGKILL
+    t0 = time.monotonic()
+    assert signalling.end([leader.proc, listed.proc, stubborn.proc], leader.pid, grace=0.3) == sorted(
+        [listed.pid, stubborn.pid])
+    assert time.monotonic() - t0 < 0.3 + AT_ONCE
+    assert listed.ended_by() == signal.SIGTERM and stubborn.ended_by() == signal.SIGKILL
+    assert unlisted.runs() and unlisted.pending() == set(), "an unverified member was signalled"
+
+
+def test_a_group_is_opened_only_by_its_leader_among_the_listed(kids, way):
+    leader = kids(record=True, group=0)
+    listed = kids(group=leader.pid)
+    unlisted = kids(record=True, group=leader.pid)
+    assert signalling.end([listed.proc], leader.pid, grace=10.0) == [listed.pid]
+    assert listed.ended_by() == signal.SIGTERM
+    assert leader.pending() == set() and unlisted.pending() == set()
+
+
+def test_find_names_more_processes_just_before_the_sigkill(kids, way, caught):
+    stubborn, extra = kids(record=True), kids(record=True)
+    me = Proc.live(os.getpid())
+    seen: list[set[int]] = []
+
+    def find():
+        seen.append(extra.pending())        # what ``extra`` had got when the stop looked for more
+        return [extra.proc, stubborn.proc, me]
+
+    t0 = time.monotonic()
+    assert signalling.end([stubborn.proc], None, grace=0.3, find=find) == sorted([stubborn.pid, extra.pid])
+    assert 0.3 <= time.monotonic() - t0 < 0.3 + AT_ONCE
+    assert seen == [set()], "find is asked once, after the grace, and what it names got no SIGTERM"
+    assert stubborn.ended_by() == signal.SIGKILL and extra.ended_by() == signal.SIGKILL
+    assert caught.got == []
+
+
+def test_what_find_names_is_killed_even_when_the_listed_all_obeyed_sigterm(kids, way):
+    obeys, extra = kids(), kids(record=True)
+    t0 = time.monotonic()
+    assert signalling.end([obeys.proc], None, grace=10.0, find=lambda: [extra.proc]) == sorted([obeys.pid, extra.pid])
+    assert time.monotonic() - t0 < AT_ONCE
+    assert obeys.ended_by() == signal.SIGTERM and extra.ended_by() == signal.SIGKILL
+
+
+def test_what_find_names_that_is_already_gone_is_not_waited_for(kids, way):
+    obeys = kids()
+    z = zombie(kids)
+    t0 = time.monotonic()
+    assert signalling.end([obeys.proc], None, grace=10.0, find=lambda: [z.proc]) == sorted([obeys.pid, z.pid])
+    assert time.monotonic() - t0 < AT_ONCE + signalling.OWNER_GRACE
+    assert obeys.ended_by() == signal.SIGTERM
+
+
+def test_an_unreaped_child_is_reaped_once_its_owner_had_the_chance(kids, way):
+    k = kids(reaped=False)          # nobody waits for it: the stop must not leave a zombie behind
+    t0 = time.monotonic()
+    assert signalling.end([k.proc], None, grace=10.0) == [k.pid]
+    took = time.monotonic() - t0
+    assert signalling.OWNER_GRACE <= took < signalling.OWNER_GRACE + AT_ONCE
+    assert state(k.pid) == "gone"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(k.pid, os.WNOHANG)
+
+
+def test_a_childs_exit_status_is_left_to_its_owner_within_the_owners_grace(kids, way):
+    k = kids(reaped=False)
+    got: list[int] = []
+
+    def owner() -> None:        # a slow owner: sees the exit, reaps a little later (asyncio's loop)
+        os.waitid(os.P_PID, k.pid, os.WEXITED | os.WNOWAIT)
+        time.sleep(signalling.OWNER_GRACE / 5)
+        got.append(os.waitstatus_to_exitcode(os.waitpid(k.pid, 0)[1]))
+
+    t = threading.Thread(target=owner, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    assert signalling.end([k.proc], None, grace=10.0) == [k.pid]
+    took = time.monotonic() - t0
+    t.join(10)
+    assert got == [-signal.SIGTERM], "the owner got the exit status, not ECHILD"
+    assert took < signalling.OWNER_GRACE, "the stop did not wait the whole grace once the owner had reaped"
+
+
+def test_a_zombie_of_another_parent_is_neither_reaped_nor_waited_for(kids, reaper):
+    parent = kids(argv=[SH, "-c", "sleep 60 & wait"], group=0)
+    (grandchild,) = wait_until(lambda: children(parent.pid), "the grandchild")
+    g = Proc.live(grandchild)
+    assert g is not None
+    try:
+        os.kill(parent.pid, signal.SIGSTOP)          # its parent will not reap it for now
+        t0 = time.monotonic()
+        assert signalling.end([g], None, grace=10.0) == [grandchild]
+        assert time.monotonic() - t0 < signalling.OWNER_GRACE, "waited for a zombie that is not ours to reap"
+        assert state(grandchild) == "Z", "a zombie of another parent was reaped by the guard"
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.ended_by()
+        pid_reuse.reap(grandchild)             # reparented to this process, the subreaper
+
+
+def test_gone_processes_end_at_once_and_quietly(kids, way):
+    r, z = reaped(kids), zombie(kids)
+    stale = Proc(kids().pid, 1.0)
+    t0 = time.monotonic()
+    assert signalling.end([r.proc, stale], r.pid, grace=10.0) == []
+    assert signalling.end([], None, grace=10.0) == []
+    assert time.monotonic() - t0 < AT_ONCE
+    assert signalling.end([z.proc], None, grace=10.0) == []        # a zombie is no target
+    k = kids()
+    assert signalling.end(iter([k.proc]), None, grace=10.0) == [k.pid]
+
+
+# --- the stop in its own thread -----------------------------------------------------------------
+
+
+def test_the_async_stop_runs_in_a_thread_of_its_own_and_returns_what_end_returns(kids, way):
+    k, obeys = kids(record=True), kids()
+
+    async def main():
+        ticks = 0
+        stop = asyncio.create_task(signalling.end_async(iter([k.proc, obeys.proc]), None, 0.3))
+        threads: list[threading.Thread] = []
+        while not stop.done():
+            ticks += 1
+            threads += [t for t in threading.enumerate() if t.name == "vllm-guard-stop"]
+            await asyncio.sleep(0.01)
+        return await stop, ticks, threads
+
+    ended, ticks, threads = asyncio.run(asyncio.wait_for(main(), 20))
+    assert ended == sorted([k.pid, obeys.pid])
+    assert ticks >= 10, "the event loop kept running during the grace"
+    assert threads and not any(t.daemon for t in threads), "the stop must not die with the guard's main thread"
+    assert k.ended_by() == signal.SIGKILL and obeys.ended_by() == signal.SIGTERM
+
+
+def test_an_async_stop_hands_its_failure_to_the_awaiting_coroutine():
+    async def main():
+        return await signalling.end_async([object()], None, 0.1)     # type: ignore[list-item]
+
+    with pytest.raises(AttributeError):
+        asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_an_async_stop_of_nothing_is_an_empty_list():
+    assert asyncio.run(asyncio.wait_for(signalling.end_async([], None, 5.0), 20)) == []
+
+
+# --- a helper child, and clients that name a pid --------------------------------------------------
+
+
+def test_a_helper_child_that_ran_past_its_time_gets_sigkill():
+    p = subprocess.Popen([SLEEP, "60"], preexec_fn=_block_catchable)
+    signalling.kill_child(p)
+    assert p.wait(10) == -signal.SIGKILL
+
+
+def test_a_helper_child_already_reaped_is_left_alone_even_when_its_pid_was_taken(impostor):
+    p = subprocess.Popen([SLEEP, "60"])
+    p.kill()
+    assert p.wait(10) == -signal.SIGKILL
+    imp = impostor(p.pid, after=boottime())
+    signalling.kill_child(p)
+    assert imp.alive() and imp.signals() == []
+
+
+def test_any_process_with_the_pid_counts_as_alive_for_a_client(kids):
+    z = zombie(kids)
+    assert signalling.pid_alive(os.getpid()) is True
+    assert signalling.pid_alive(z.pid) is True
+    assert signalling.pid_alive(1) is True
+    for pid in (0, -1, free_pid()):
+        assert signalling.pid_alive(pid) is False
+
+    def as_nobody() -> int:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        # another user's process answers kill(pid, 0) with EPERM: it exists
+        return (0 if signalling.pid_alive(1) is True else 1) | (0 if signalling.pid_alive(free_pid()) is False else 2)
+
+    if os.geteuid() != 0:
+        pytest.skip("becoming another user needs root")
+    assert _forked(as_nobody) == 0
+
+
+# --- dying with the guard -------------------------------------------------------------------------
+
+PR_GET_PDEATHSIG, PR_SET_PDEATHSIG = 2, 1
+
+
+def _deathsig() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    sig = ctypes.c_int(-1)
+    assert libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(sig), 0, 0, 0) == 0
+    return sig.value
+
+
+def test_a_child_dies_with_the_thread_that_started_it():
+    # The kernel sends the parent-death signal when the *thread* that forked the child ends.
+    started: list[subprocess.Popen[bytes]] = []
+    t = threading.Thread(target=lambda: started.append(
+        subprocess.Popen([SLEEP, "60"], preexec_fn=signalling.die_with_parent)))
+    t.start()
+    t.join(10)
+    assert started[0].wait(10) == -signal.SIGKILL
+
+
+def test_die_with_parent_asks_the_kernel_for_sigkill_and_dies_at_once_if_the_parent_is_gone(monkeypatch, reaper):
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert _deathsig() == 0
+    try:
+        for forker in (os.getppid(), 0):       # the pid that forked us, or none remembered
+            monkeypatch.setattr(signalling, "_forking_pid", forker)
+            signalling.die_with_parent()
+            assert _deathsig() == signal.SIGKILL
+            libc.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+        monkeypatch.setattr(signalling, "_LIBC", None)
+        signalling.die_with_parent()               # no prctl (not Linux): nothing asked, nothing done
+        assert _deathsig() == 0
+    finally:
+        libc.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    monkeypatch.undo()
+
+    # A child whose parent died before it could ask: it ends itself, as the parent's death would.
+    r, w = os.pipe()
+
+    def middle() -> int:
+        me = os.getpid()
+        grandchild = os.fork()            # remembers this process as the one that forked it
+        if grandchild == 0:
+            code = 97
+            try:
+                deadline = time.monotonic() + 10
+                while os.getppid() == me and time.monotonic() < deadline:
+                    time.sleep(0.002)      # until the middle process is gone
+                signalling.die_with_parent()
+                code = 0
+            finally:
+                os._exit(code)
+        os.write(w, str(grandchild).encode())
+        return 0
+
+    try:
+        assert _forked(middle) == 0
+        grandchild = int(os.read(r, 64).decode())
+    finally:
+        os.close(r)
+        os.close(w)
+    assert os.waitstatus_to_exitcode(os.waitpid(grandchild, 0)[1]) == -signal.SIGKILL

@@ -223,14 +223,18 @@ class Caught:
         self.got.append(sig)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def caught():
-    """This process counts SIGTERM, SIGUSR1 and SIGHUP instead of dying of them, for one test."""
+    """In every test, this process (the guard's) counts SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 instead
+    of dying of them, and none may have reached it by the end."""
     c = Caught()
-    old = {s: signal.signal(s, c) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
-    yield c
-    for s, h in old.items():
-        signal.signal(s, h)
+    old = {s: signal.signal(s, c) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        yield c
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    assert c.got == [], f"signals {c.got} reached the test's own process"
 
 
 @pytest.fixture(scope="module")
@@ -453,6 +457,56 @@ def test_where_the_boot_id_cannot_be_read_it_is_unknown_and_refuses_no_record(ki
     assert code == 0
 
 
+MS_BIND = 4096
+
+
+def _over(path: str, content: bytes, tmp: Path) -> bool:
+    """In this (forked) process only: ``path`` reads ``content`` (a file bind-mounted over it in a
+    private mount namespace, as LXCFS does for a container's /proc)."""
+    f = tmp / f"over-{os.getpid()}-{Path(path).name}"
+    f.write_bytes(content)
+    return (_LIBC.unshare(CLONE_NEWNS) == 0 and _LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
+            and _LIBC.mount(str(f).encode(), path.encode(), None, MS_BIND, None) == 0)
+
+
+def test_a_garbled_boot_id_is_read_bounded_and_never_crashes(monkeypatch, tmp_path):
+    # What /proc gives is read at most 64 bytes, and a byte that is no ASCII becomes U+FFFD.
+    monkeypatch.setattr(signalling, "_BOOT", None)
+    assert len(signalling.boot_id()) == 36
+    garbled = b"\xff" + b"b" * 70 + b"\n"
+
+    def read() -> int:
+        if not _over("/proc/sys/kernel/random/boot_id", garbled, tmp_path):
+            return 10
+        signalling._BOOT = None
+        return 0 if signalling.boot_id() == "\ufffd" + "b" * 63 else 1
+
+    code = _forked(read)
+    if code == 10:
+        pytest.skip("no private mount namespace here")
+    assert code == 0
+
+
+def test_a_record_is_kept_when_the_boot_time_cannot_be_read(kids, tmp_path):
+    # create_time is for people (the boot time plus the start); the record stands without it.
+    k = kids()
+    assert k.proc.record()["create_time"] == pytest.approx(psutil.Process(k.pid).create_time(), abs=TICK)
+
+    def record() -> int:
+        if not _over("/proc/stat", b"cpu  1 2 3 4\n", tmp_path):
+            return 10
+        with contextlib.suppress(RuntimeError):
+            psutil.boot_time()
+            return 11                    # psutil still knows it: nothing to show here
+        rec = k.proc.record()
+        return 0 if rec == {"pid": k.pid, "start": k.proc.start, "boot": k.proc.boot, "create_time": None} else 1
+
+    code = _forked(record)
+    if code in (10, 11):
+        pytest.skip("cannot hide the boot time here" + (" (no private mount namespace)" if code == 10 else ""))
+    assert code == 0
+
+
 def test_a_launch_record_keeps_pid_start_boot_and_a_create_time_for_people(kids):
     k = kids()
     rec = k.proc.record()
@@ -574,7 +628,8 @@ def test_a_process_this_user_may_not_signal_is_reported_as_not_signalled(kids, w
 # --- pidfds refused: a real seccomp filter, in a process forked from this one --------------------
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}.get(platform.machine())
-_NR = {"pidfd_send_signal": 424, "pidfd_open": 434}     # the same number on every architecture
+_NR = {"pidfd_send_signal": 424, "pidfd_open": 434,      # the same number on every architecture
+       "wait4": {"x86_64": 61, "aarch64": 260}.get(platform.machine(), -1)}
 
 
 class _SockFilter(ctypes.Structure):
@@ -655,9 +710,11 @@ def test_where_pidfds_are_refused_the_signal_goes_by_psutils_check_then_kill(kid
 
 @pytest.mark.skipif(_AUDIT_ARCH is None, reason="seccomp filter written for x86_64 and aarch64")
 @pytest.mark.parametrize("syscall", ["pidfd_open", "pidfd_send_signal"])
-def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, monkeypatch, syscall):
+@pytest.mark.parametrize("err", [errno.EACCES, errno.ESRCH])
+def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, monkeypatch, syscall, err):
     # Only ENOSYS (no pidfds in this kernel) and EPERM (a seccomp filter) mean "signal another
-    # way"; any other failure of a pidfd is no licence to signal by bare pid.
+    # way"; any other failure of a pidfd is no licence to signal by bare pid. ESRCH is the
+    # kernel's answer when the process ended between the check and the signal.
     if not signalling.pidfd_usable:
         pytest.skip("this kernel gives no pidfds")
     monkeypatch.setattr(signalling, "pidfd_usable", True)
@@ -665,7 +722,7 @@ def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, monkeypatch, sys
     assert signalling.send(target.proc, signal.SIGHUP) is True
 
     def failing() -> int:
-        _refuse(syscall, errno.EACCES)
+        _refuse(syscall, err)
         code = 0
         if signalling.send(target.proc, signal.SIGUSR2) is not False:
             code |= 1
@@ -675,6 +732,22 @@ def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, monkeypatch, sys
 
     assert _forked(failing) == 0
     assert target.pending() == {signal.SIGHUP}
+
+
+@pytest.mark.skipif(_AUDIT_ARCH is None or _NR["wait4"] < 0, reason="seccomp filter written for x86_64 and aarch64")
+def test_a_zombie_its_owner_reaped_at_the_last_moment_ends_the_stop_quietly(kids):
+    # The owner (asyncio, Popen) may reap the zombie just before the stop does: the kernel then
+    # answers ECHILD. Shown by a filter that answers every wait with ECHILD, in a forked process.
+    k = kids()
+    assert signalling.end([k.proc], None, grace=5.0) == [k.pid]
+
+    def owner_was_first() -> int:
+        child = subprocess.Popen([SLEEP, "60"])
+        p = Proc.live(child.pid)
+        _refuse("wait4", errno.ECHILD)
+        return 0 if p is not None and signalling.end([p], None, grace=5.0) == [child.pid] else 1
+
+    assert _forked(owner_was_first) == 0
 
 
 # --- process groups: killpg only through a live, verified leader ---------------------------------
@@ -927,6 +1000,26 @@ def test_a_stopped_process_gets_sigkill_at_once_not_a_grace_it_cannot_use(kids, 
     assert stopped.ended_by() == signal.SIGKILL and obeys.ended_by() == signal.SIGTERM
 
 
+PTRACE_ATTACH = 16
+
+
+@pytest.mark.parametrize("reader", ["procfs", "psutil"])
+def test_a_traced_process_is_stopped_and_gets_sigkill_at_once(kids, way, monkeypatch, reader):
+    # A process stopped by its tracer (state t: a debugger holds it) cannot act on SIGTERM either.
+    # ``psutil`` reads the kernel the way signalling.py does off Linux.
+    k = kids(record=True, reaped=False)
+    if _LIBC.ptrace(PTRACE_ATTACH, k.pid, None, None) != 0:
+        pytest.skip(f"ptrace refused here: {os.strerror(ctypes.get_errno())}")
+    wait_until(lambda: state(k.pid) == "t", "the tracing stop")
+    monkeypatch.setattr(signalling, "_LINUX", reader == "procfs")
+    p = Proc.live(k.pid)
+    assert p is not None and p.stopped() and p.is_alive()
+    t0 = time.monotonic()
+    assert signalling.end([p], None, grace=30.0) == [k.pid]
+    assert time.monotonic() - t0 < signalling.OWNER_GRACE + AT_ONCE
+    assert state(k.pid) == "gone"
+
+
 def test_a_process_stopped_during_the_grace_gets_sigkill_then(kids, way):
     k = kids(record=True)
     done: list[list[int]] = []
@@ -944,12 +1037,13 @@ def test_the_group_of_a_live_leader_is_ended_members_not_listed_included(kids, w
     leader = kids(group=0)
     listed = kids(group=leader.pid)
     unlisted = kids(group=leader.pid)
+    elsewhere = kids(group=0)                       # listed too, in a group of its own
     outsider = kids(record=True, group=0)
     t0 = time.monotonic()
-    assert signalling.end([leader.proc, listed.proc], leader.pid, grace=10.0) == sorted(
-        [leader.pid, listed.pid, unlisted.pid])
+    assert signalling.end([leader.proc, listed.proc, elsewhere.proc], leader.pid, grace=10.0) == sorted(
+        [leader.pid, listed.pid, unlisted.pid, elsewhere.pid])
     assert time.monotonic() - t0 < AT_ONCE
-    assert [k.ended_by() for k in (leader, listed, unlisted)] == [signal.SIGTERM] * 3
+    assert [k.ended_by() for k in (leader, listed, unlisted, elsewhere)] == [signal.SIGTERM] * 4
     assert outsider.pending() == set()
 
 
@@ -973,6 +1067,37 @@ def test_a_member_that_joins_the_group_during_the_grace_is_ended_too(kids, way):
     worker.join(10)
     assert done == [sorted([leader.pid, late.pid])]
     assert leader.ended_by() == signal.SIGKILL and late.ended_by() == signal.SIGKILL
+
+
+def test_a_member_forked_after_every_scan_is_ended_by_the_groups_sigkill(kids, way):
+    # vLLM may start a worker while the stop is looking for processes (the marker scan is slow:
+    # it reads every process's environment); the group's SIGKILL reaches it all the same.
+    leader = kids(record=True, group=0)
+    forked: list[Kid] = []
+
+    def slow_scan() -> list[Proc]:
+        forked.append(kids(record=True, group=leader.pid))     # after the group's last scan
+        return []
+
+    assert signalling.end([leader.proc], leader.pid, grace=0.2, find=slow_scan) == [leader.pid]
+    assert leader.ended_by() == signal.SIGKILL
+    assert [k.ended_by() for k in forked] == [signal.SIGKILL]
+
+
+def test_late_members_and_what_find_names_are_ended_reaped_and_reported_together(kids, way):
+    leader = kids(record=True, group=0)
+    extra = kids(record=True, reaped=False)          # ours, and nobody waits for it
+    late: list[Kid] = []
+    done: list[list[int]] = []
+    worker = threading.Thread(target=lambda: done.append(signalling.end(
+        [leader.proc], leader.pid, grace=0.5, find=lambda: [extra.proc])), daemon=True)
+    worker.start()
+    wait_until(lambda: signal.SIGTERM in leader.pending(), "the SIGTERM")
+    late.append(kids(record=True, group=leader.pid))
+    worker.join(10)
+    assert done == [sorted([leader.pid, late[0].pid, extra.pid])]
+    assert leader.ended_by() == signal.SIGKILL and late[0].ended_by() == signal.SIGKILL
+    assert state(extra.pid) == "gone", "a process named by find was left a zombie"
 
 
 def test_a_group_whose_leader_is_gone_is_ended_only_through_the_listed_members(kids, way):

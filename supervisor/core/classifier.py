@@ -85,6 +85,20 @@ _METHOD = re.compile(r"(?:Error executing method|while processing method) '?(\w+
 _RAISED = re.compile(r"(?:Error|Exception|error)[:,] |^\s*raise ")      # ValueError: ..., pydantic's Value error, ...
 
 
+def _by_first(prefixes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``prefixes`` by their first character: ``text.startswith(d.get(text[:1], ()))`` is
+    ``text.startswith(prefixes)``, without trying each of 81 milestone prefixes (0.3 us) on every line a
+    busy server prints, none of which starts like one."""
+    assert all(prefixes), "an empty prefix matches every line"
+    out: dict[str, list[str]] = {}
+    for p in prefixes:
+        out.setdefault(p[:1], []).append(p)
+    return {c: tuple(ps) for c, ps in out.items()}
+
+
+_MILESTONE_STARTS = _by_first(_MILESTONE_PREFIXES)
+
+
 class Verdict(NamedTuple):
     """The verdict so far: the line that decided it and what it says."""
 
@@ -305,8 +319,8 @@ class Classifier:
             best = self._best
             if "validation error for" in best.evidence and len(best.evidence) < _EVIDENCE:
                 self._best = best._replace(evidence=f"{best.evidence}: {stripped}")
-        if level != _ERROR and (text.startswith(_MILESTONE_PREFIXES) or "block_size" in text or "engine (v" in text
-                                or "max_seq_len=" in text or "parallel_size" in text
+        if level != _ERROR and (text.startswith(_MILESTONE_STARTS.get(text[:1], ())) or "block_size" in text
+                                or "engine (v" in text or "max_seq_len=" in text or "parallel_size" in text
                                 or (self._phase <= 1 and "version" in text)):
             self._milestone(text, level, rank)
         if level != _INFO and text.startswith(REQUEST_LOGS):

@@ -12,11 +12,12 @@ remedy policy asks it what a relaunch's other changes do to the length. The arit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.core import memory as M
-from supervisor.core import vllm
+from supervisor.core import remediable, vllm
 from supervisor.core.flags import (
     BLOCK_SIZE,
     CHUNKED_PREFILL,
@@ -79,7 +80,9 @@ def v0_chunked_gain_tokens(info: ModelInfo, *, from_tokens: int, to_tokens: int,
     before = activation_bytes(info, tokens=from_tokens, **kw)
     after = activation_bytes(info, tokens=to_tokens, **kw)
     per_token = kv_bytes_per_token(info, tp=tp, kv_cache_dtype=kv_cache_dtype, dtype=dtype)
-    return max(0, before - after) // max(1, per_token)
+    if per_token <= 0:
+        return 0          # a model whose KV pages size to nothing (a config the plan cannot read): no claim
+    return max(0, before - after) // per_token
 
 
 def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_bytes: int | None, gpus: int,
@@ -87,7 +90,8 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
                platform: str = "cuda", cpu_kv_space_gib: float | None = None,
                compute_capability: tuple[int, int] | None = None, device_name: str = "",
                context_bytes: int = vllm.CUDA_CONTEXT_BYTES, utilization_margin: float = 0.005,
-               measured_overhead_bytes: int | None = None, measured_weights_bytes: int | None = None) -> Fit:
+               measured_overhead_bytes: int | None = None, measured_weights_bytes: int | None = None,
+               allowed: Iterable[str] | None = None) -> Fit:
     """Flags that make the first launch fit: a lower --max-model-len, fp8 KV, or a lower utilization for busy GPUs.
 
     Lengths are sized on the safe KV (the estimate less its family's error band, and at least
@@ -100,7 +104,12 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
     CUDA context exists), pass ``context_bytes=0``. ``measured_overhead_bytes`` (and
     ``measured_weights_bytes``): what a healthy launch on this host printed
     (:func:`supervisor.core.memory.measured_overhead_bytes`), replacing the estimated terms.
+    ``allowed``: the remedies (``remedies.allowed``) the plan may use, None for all of them. Each flag it
+    proposes is one whose remedy is allowed (:func:`supervisor.core.remediable.remedy_of`), and what it
+    proposes is sized without the others: with the length fixed, only what makes the length asked fit;
+    without fp8 KV or eager mode, no length that counts on them.
     """
+    may = _permits(allowed)
     tp = flags.get_int(TENSOR_PARALLEL) or 1
     pp = flags.get_int(PIPELINE_PARALLEL) or 1
     if info is None or (platform != "cpu" and not gpu_total_bytes) or (platform == "cpu" and not gpu_total_bytes
@@ -123,7 +132,8 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
                                    chunked_prefill=chunked, compute_capability=cc, world_size=tp * pp)
 
     util = flags.get_float(UTILIZATION) or vllm.default_utilization(vllm_version)
-    if platform != "cpu" and vllm.checks_free_memory(vllm_version) and free - context_bytes < total * util:
+    if (platform != "cpu" and may(UTILIZATION) and vllm.checks_free_memory(vllm_version)
+            and free - context_bytes < total * util):
         lowered = utilization_under_free(free, total, context_bytes=context_bytes, margin=utilization_margin)
         if 0 < lowered < util:
             out[UTILIZATION] = format_value(lowered)
@@ -134,8 +144,8 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
 
     # Before 0.20 CUDA graphs are captured after the KV cache is sized, outside the budget: what
     # other processes leave must hold the budget plus the graphs and the CUDA context.
-    if (platform != "cpu" and vllm.graphs_outside_budget(vllm_version) and not vllm.caps_device_globally(vllm_version)
-            and not flags.enabled(ENFORCE_EAGER)):
+    if (platform != "cpu" and may(UTILIZATION) and vllm.graphs_outside_budget(vllm_version)
+            and not vllm.caps_device_globally(vllm_version) and not flags.enabled(ENFORCE_EAGER)):
         graphs = M.cudagraph_reserve_bytes(info, vllm_version=vllm_version, tokens=batched or defaults[0],
                                            seqs=seqs_flag or defaults[1], tp=tp, pp=pp, compute_capability=cc)
         reserve = graphs + context_bytes
@@ -209,7 +219,7 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
         fit = fit_for(kv_dtype)
     except ValueError:         # a KV dtype this model does not know: leave it to vLLM
         return Fit(out, why, False)
-    if (platform != "cpu" and v0 and fit < asked and not chunked
+    if (platform != "cpu" and v0 and fit < asked and not chunked and may(CHUNKED_PREFILL)
             and not common["max_num_batched_tokens"]):
         # V0 profiles the whole context at once up to 32768 tokens: chunked prefill (what V1 always
         # does, and V0 itself above 32768) profiles one chunk and leaves the rest to the KV cache.
@@ -232,7 +242,10 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
     # plan's length is an estimate, vLLM's exact figure replaces it; the guard holds vLLM's choice
     # between the floor and the length asked (diagnosis.check_auto_fit).
     measures = vllm.auto_fit_available(vllm_version)
-    floor = min(min_model_len, asked)
+    # the shortest length the plan may launch: the floor, or the length asked where it may not change it
+    floor = min(min_model_len, asked) if may(MAX_MODEL_LEN) else asked
+    short = (f"< {min_model_len}" if may(MAX_MODEL_LEN) else
+             f"< the {asked} asked, and remedies.allowed keeps the length")
 
     def length(fit_: int, central_: int, exact: bool, said: str) -> str:
         if measures and not exact:
@@ -269,17 +282,17 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
         # Nothing left for the KV cache at all: no length or KV dtype helps; the remedy for that
         # failure (more of the GPU, then less for graphs and the batch) is the one to take.
         return Fit(out, why, True, expect="no_kv_cache_memory", certain=left.kv_bytes + left.band_bytes <= 0)
-    fp8_ok = (platform != "cpu" and kv_dtype == "auto" and cc is not None
+    fp8_ok = (platform != "cpu" and may(KV_CACHE_DTYPE) and kv_dtype == "auto" and cc is not None
               and vllm.fp8_kv_supported(cc, vllm_version, info.mla))
     if fp8_ok:
         central8 = fit_for("fp8", "central")
         if central8 >= floor or fit_for("fp8", "upper") >= floor:
             out[KV_CACHE_DTYPE] = "fp8"
-            why[KV_CACHE_DTYPE] = (f"at the model dtype only about {central} tokens fit (< {min_model_len}); "
+            why[KV_CACHE_DTYPE] = (f"at the model dtype only about {central} tokens fit ({short}); "
                                    f"fp8 halves the KV cache")
             return sized(fit_for("fp8"), central8, f"{asked} tokens do not fit even with fp8 KV")
     # From 0.20 CUDA graphs take memory inside the budget: eager mode gives it to the KV cache.
-    can_eager = (platform != "cpu" and not vllm.graphs_outside_budget(vllm_version)
+    can_eager = (platform != "cpu" and may(ENFORCE_EAGER) and not vllm.graphs_outside_budget(vllm_version)
                  and not flags.enabled(ENFORCE_EAGER))
     if can_eager:
         dt = "fp8" if fp8_ok else kv_dtype
@@ -287,14 +300,23 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
         if central_e >= floor:
             if fp8_ok:
                 out[KV_CACHE_DTYPE] = "fp8"
-                why[KV_CACHE_DTYPE] = (f"at the model dtype only about {central} tokens fit (< {min_model_len}); "
+                why[KV_CACHE_DTYPE] = (f"at the model dtype only about {central} tokens fit ({short}); "
                                        f"fp8 halves the KV cache")
             out[ENFORCE_EAGER] = None
-            why[ENFORCE_EAGER] = (f"even {'with fp8 KV ' if fp8_ok else ''}fewer than {min_model_len} tokens fit "
+            fewer = f"fewer than {min_model_len}" if may(MAX_MODEL_LEN) else f"fewer than the {asked} asked"
+            why[ENFORCE_EAGER] = (f"even {'with fp8 KV ' if fp8_ok else ''}{fewer} tokens fit "
                                   f"with CUDA graphs; eager mode gives their memory to the KV cache")
             return sized(fit_for(dt, eager=True), central_e, f"{asked} tokens do not fit"
-                         + (" even with fp8 KV" if fp8_ok else "") + " and CUDA graphs", eager=True)
+                         + (" even with fp8 KV and CUDA graphs" if fp8_ok else " with CUDA graphs"), eager=True)
     return Fit(out, why, True)
+
+
+def _permits(allowed: Iterable[str] | None) -> Callable[[str], bool]:
+    """Whether the plan may change a flag: its remedy (:func:`remediable.remedy_of`) is in ``allowed``."""
+    if allowed is None:
+        return lambda flag: True
+    names = frozenset(allowed)
+    return lambda flag: remediable.remedy_of(flag) in names
 
 
 #: The flags that shape vLLM's memory besides the weights and the KV cache: the profile's batch,
@@ -335,8 +357,10 @@ class Sizing:
 
     def fit(self, flags: Flags, *, total_bytes: int | None, free_bytes: int | None,
             vllm_version: str | None = None, context_bytes: int = vllm.CUDA_CONTEXT_BYTES,
-            measured_overhead_bytes: int | None = None, measured_weights_bytes: int | None = None) -> Fit:
-        """What to change in ``flags`` so that a launch fits a GPU of ``total_bytes`` with ``free_bytes`` free.
+            measured_overhead_bytes: int | None = None, measured_weights_bytes: int | None = None,
+            allowed: Iterable[str] | None = None) -> Fit:
+        """What to change in ``flags`` so that a launch fits a GPU of ``total_bytes`` with ``free_bytes`` free,
+        changing only flags whose remedy is in ``allowed`` (``remedies.allowed``; None: any).
 
         The overhead a healthy launch measured replaces the estimate only for flags that shape it
         the same way (:func:`overhead_conditions`); the measured weights hold for any flags."""
@@ -350,4 +374,4 @@ class Sizing:
                           cpu_kv_space_gib=self.cpu_kv_space_gib, compute_capability=self.compute_capability,
                           device_name=self.device_name, context_bytes=context_bytes,
                           utilization_margin=self.utilization_margin, measured_overhead_bytes=overhead,
-                          measured_weights_bytes=weights)
+                          measured_weights_bytes=weights, allowed=allowed)

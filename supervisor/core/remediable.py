@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ class Remediable:
     low_open: bool = False          # (low, high] rather than [low, high]
     choices: frozenset[str] = frozenset()
     also: tuple[str, ...] = ()      # other words accepted as they are (``auto`` for a length)
+    remedy: str = ""                # the ``remedies.allowed`` name that lets the guard change it
 
     def accept(self, value: Any) -> LearnedValue:
         """``value`` (from JSON) as the token vLLM gets, or ValueError saying what is wrong with it."""
@@ -89,21 +90,24 @@ class Remediable:
         return text
 
 
-def _int(low: int, high: int = _INT32, also: tuple[str, ...] = ()) -> Remediable:
-    return Remediable("int", low, high, also=also)
+def _int(remedy: str, low: int, high: int = _INT32, also: tuple[str, ...] = ()) -> Remediable:
+    return Remediable("int", low, high, also=also, remedy=remedy)
 
 
-#: Every flag the guard's plan, remedies and session may change, with its type and range.
+#: Every flag the guard's plan, remedies and session may change, with its type and range, and the
+#: remedy (a name of ``remedies.allowed``) that must be allowed for the guard to change it. The
+#: memory share's remedy also covers the CPU backend's KV cache size (``--kv-cache-memory-bytes``,
+#: the share there); chunked prefill is a change to how prompts are batched, the batch's remedy.
 REMEDIABLE: Mapping[str, Remediable] = {
-    MAX_MODEL_LEN: _int(1, also=AUTO_LENGTHS),
-    UTILIZATION: Remediable("decimal", 0.0, 1.0, low_open=True),
-    KV_CACHE_DTYPE: Remediable("choice", choices=KV_CACHE_DTYPES),
-    KV_CACHE_BYTES: _int(1, (1 << 63) - 1),
-    MAX_NUM_SEQS: _int(1),
-    MAX_BATCHED_TOKENS: _int(1),
-    CPU_OFFLOAD: Remediable("decimal", 0.0, float(1 << 20)),
-    ENFORCE_EAGER: Remediable("switch"),
-    CHUNKED_PREFILL: Remediable("switch"),
+    MAX_MODEL_LEN: _int("max_model_len", 1, also=AUTO_LENGTHS),
+    UTILIZATION: Remediable("decimal", 0.0, 1.0, low_open=True, remedy="gpu_memory_utilization"),
+    KV_CACHE_DTYPE: Remediable("choice", choices=KV_CACHE_DTYPES, remedy="kv_cache_fp8"),
+    KV_CACHE_BYTES: _int("gpu_memory_utilization", 1, (1 << 63) - 1),
+    MAX_NUM_SEQS: _int("max_num_seqs", 1),
+    MAX_BATCHED_TOKENS: _int("max_num_batched_tokens", 1),
+    CPU_OFFLOAD: Remediable("decimal", 0.0, float(1 << 20), remedy="cpu_offload"),
+    ENFORCE_EAGER: Remediable("switch", remedy="enforce_eager"),
+    CHUNKED_PREFILL: Remediable("switch", remedy="max_num_batched_tokens"),
 }
 
 MAX_REASON = 500          # characters of a learned "why" that are kept
@@ -155,3 +159,38 @@ def apply(requested: Flags, learned: Mapping[str, LearnedValue]) -> Flags:
         checked = accept(flag, value)
         flags = flags.set(flag) if checked is True else flags.set(flag, checked)
     return flags
+
+
+def remedy_of(flag: str) -> str | None:
+    """The ``remedies.allowed`` name that lets the guard change ``flag`` (None: not a flag the guard changes)."""
+    rule = REMEDIABLE.get(flag)
+    return rule.remedy if rule is not None else None
+
+
+def refused(requested: Flags, flags: Flags, allowed: Iterable[str]) -> tuple[str, ...]:
+    """The flags in which ``flags`` differ from the user's ``requested`` although their remedy is not in
+    ``allowed`` (``remedies.allowed``): the changes the user's rules refuse. Flags outside
+    :data:`REMEDIABLE` (a flag this vLLM removed, dropped) are not remedies and never refused here."""
+    permitted = frozenset(allowed)
+    return tuple(flag for flag, rule in REMEDIABLE.items()
+                 if rule.remedy not in permitted and _differs(requested, flags, flag, rule))
+
+
+def _differs(requested: Flags, flags: Flags, flag: str, rule: Remediable) -> bool:
+    if rule.kind == "switch":
+        return flags.enabled(flag) != requested.enabled(flag)
+    return flags.get(flag) != requested.get(flag)
+
+
+def within(requested: Flags, flags: Flags, allowed: Iterable[str]) -> Flags:
+    """``flags`` with every change :func:`refused` names put back as the user had it: the one check
+    every launch's flags pass (first launch, learned flags, relaunch), so a change the user's rules do
+    not allow never reaches vLLM's command line."""
+    out = flags
+    for flag in refused(requested, flags, allowed):
+        if REMEDIABLE[flag].kind == "switch":
+            out = out.set(flag) if requested.enabled(flag) else out.remove(flag)
+        else:
+            value = requested.get(flag)
+            out = out.remove(flag) if value is None else out.set(flag, value)
+    return out

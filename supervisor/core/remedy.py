@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from supervisor.config import RemedyConfig
-from supervisor.core import vllm
+from supervisor.core import remediable, vllm
 from supervisor.core.diagnosis import UNKNOWN_PHASE, Diagnosis, Kind
 from supervisor.core.flags import (
     BLOCK_SIZE,
@@ -148,7 +148,7 @@ def _with_chunked_prefill(flags: Flags, d: Diagnosis, ctx: Context, new_len: int
     the whole context at once (so the KV cache shrinks as the length does) and refuses
     ``--max-num-batched-tokens`` below ``max_model_len``. Chunked prefill keeps the profile a chunk.
     Only for a V0 we know of (its version, or its log): an unknown vLLM gets no extra flag."""
-    if not _v0(d, ctx) or flags.has(CHUNKED) or (
+    if not _v0(d, ctx) or flags.has(CHUNKED) or not _allowed(ctx, _remedy(CHUNKED)) or (
             new_len is not None and new_len > vllm.V0_AUTO_CHUNK_ABOVE):
         return flags, []      # only for a V0 we know of: an unknown vLLM gets no extra flag
     why = ("below 32768 tokens vLLM V0 profiles the whole context at once; chunked prefill keeps "
@@ -170,6 +170,11 @@ def _align(n: int, block: int) -> int:
 
 def _allowed(ctx: Context, name: str) -> bool:
     return name in ctx.rules.allowed
+
+
+def _remedy(flag: str) -> str:
+    """The remedy that lets the guard change ``flag`` (:data:`supervisor.core.remediable.REMEDIABLE`)."""
+    return remediable.remedy_of(flag) or flag
 
 
 def _set(current: Flags, flag: str, value: str | float | None, why: str, step: str,
@@ -303,7 +308,7 @@ def _v0_chunked(fit: int, length: int | None, d: Diagnosis, current: Flags, ctx:
     margin held back) and the change; None where it does not apply or the model is unknown."""
     version = _version(d, ctx)
     if (ctx.sizing is None or not length or not vllm.known_v0(version) or length > vllm.V0_AUTO_CHUNK_ABOVE
-            or current.has(CHUNKED) or current.has(BATCHED)):
+            or current.has(CHUNKED) or current.has(BATCHED) or not _allowed(ctx, _remedy(CHUNKED))):
         return None
     chunk = vllm.v0_chunk_size(version)
     gain = v0_chunked_gain_tokens(ctx.sizing.info, from_tokens=max(length, 2048), to_tokens=chunk,
@@ -393,15 +398,21 @@ def _max_len_exceeds(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
 
 
 def _plan(ctx: Context, flags: Flags, *, total_gib: float, free_gib: float | None,
-          context_bytes: int = vllm.CUDA_CONTEXT_BYTES) -> Fit | None:
+          context_bytes: int = vllm.CUDA_CONTEXT_BYTES, only: Iterable[str] | None = None) -> Fit | None:
     """The plan's flags for ``flags`` on this GPU, or None without the model's facts (or when the
-    plan cannot size this model): an estimate only ever refines a rule, it never breaks one."""
+    plan cannot size this model): an estimate only ever refines a rule, it never breaks one. The plan
+    uses only the remedies ``remedies.allowed`` lists (and of those, with ``only``, only these), so
+    every flag it proposes may be taken, and what it proposes counts on nothing it does not."""
     if ctx.sizing is None:
         return None
+    allowed = frozenset(ctx.rules.allowed)
+    if only is not None:
+        allowed &= frozenset(only)
     try:
         return ctx.sizing.fit(flags, total_bytes=int(total_gib * GiB),
                                        free_bytes=None if free_gib is None else int(free_gib * GiB),
-                                       vllm_version=ctx.vllm_version, context_bytes=context_bytes)
+                                       vllm_version=ctx.vllm_version, context_bytes=context_bytes,
+                                       allowed=allowed)
     except (ArithmeticError, ValueError, TypeError):
         return None
 
@@ -525,15 +536,27 @@ def _free_memory(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         planned = _plan(ctx, out.flags, total_gib=total, free_gib=free, context_bytes=context)
     if planned is None:
         return out
-    # The smaller budget decides the length too: cut it now rather than after the next failure.
-    flags, changes = out.flags, list(out.changes)
-    for flag in (KV_DTYPE, MML):
-        value = planned.flags.get(flag)
-        if value is not None and value != current.get(flag) and _allowed(
-                ctx, "kv_cache_fp8" if flag == KV_DTYPE else "max_model_len"):
-            flags = flags.set(flag, value)
-            changes.append(Change(flag, current.get(flag), value, planned.reasons.get(flag, "the plan says so")))
+    # The smaller budget decides the length too: cut it now rather than after the next failure. The
+    # plan's flags go together (its length counts on its fp8 KV, eager mode, chunked prefill) and it
+    # proposes only what the rules allow; the share is the one chosen here.
+    flags, changes = _with_plan(out.flags, list(out.changes), planned, exclude=(UTIL,))
     return Relaunch(flags, tuple(changes), why, step="gpu_memory_utilization_free")
+
+
+def _with_plan(flags: Flags, changes: list[Change], planned: Fit, *, exclude: tuple[str, ...] = (),
+               length_lead: str = "") -> tuple[Flags, list[Change]]:
+    """``flags`` with every flag of ``planned`` (but ``exclude``) set, and the changes that makes: the
+    plan's flags are one answer, none of them taken without the others (``length_lead`` goes before
+    the length's reason)."""
+    for flag, value in sorted(planned.flags.items(), key=lambda item: item[0] != MML if length_lead else 0):
+        if flag in exclude:
+            continue
+        before = flags.get(flag)
+        flags = flags.set(flag, value)
+        if flags.get(flag) != before:
+            lead = length_lead if flag == MML else ""
+            changes.append(Change(flag, before, flags.get(flag), lead + planned.reasons.get(flag, "the plan says so")))
+    return flags, changes
 
 
 def _halve(current: Flags, flag: str, default: int, floor: int, first: int | None = None) -> int | None:
@@ -580,7 +603,7 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
         if new:
             return _set(current, SEQS, str(new),
                         "fewer concurrent sequences lower the activation peak", step)
-    elif step == "cpu_offload" and rules.cpu_offload_gb > 0 and not current.has(OFFLOAD) \
+    elif step == "cpu_offload" and _allowed(ctx, step) and rules.cpu_offload_gb > 0 and not current.has(OFFLOAD) \
             and vllm.flag_supported(OFFLOAD, ctx.vllm_version):
         return _set(current, OFFLOAD, f"{rules.cpu_offload_gb:g}",
                     f"offloading {rules.cpu_offload_gb:g} GiB of weights to CPU leaves GPU memory "
@@ -806,17 +829,16 @@ def _foresee(decision: Relaunch, d: Diagnosis, ctx: Context) -> Relaunch:
     if ctx.sizing is None or not ctx.gpu_total_gib or decision.backoff or not _allowed(ctx, "max_model_len") \
             or any(c.flag == MML for c in decision.changes):
         return decision
-    planned = _plan(ctx, decision.flags, total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
+    # The length with what it counts on (V0's chunked prefill, a share under what other processes
+    # leave), taken together; not fp8 KV or eager mode: degradations beyond the relaunch's own step.
+    planned = _plan(ctx, decision.flags, total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib,
+                    only=("max_model_len", "max_num_batched_tokens", "gpu_memory_utilization"))
     new = planned.flags.get(MML) if planned is not None else None   # a number, or "auto" (0.14+)
     length = _length(decision.flags, d, ctx)
     if new is None or (new != "auto" and (not new.isdigit() or (length and int(new) >= length))):
         return decision
     assert planned is not None           # new came from it
-    flags, changes = decision.flags.set(MML, new), [Change(MML, decision.flags.get(MML), new, (
-        "with the relaunch's other flags, " + planned.reasons.get(MML, "the plan says so")))]
-    if CHUNKED in planned.flags and not flags.has(CHUNKED):      # V0: the length counts on it
-        flags = flags.set(CHUNKED)
-        changes.append(Change(CHUNKED, None, "", planned.reasons.get(CHUNKED, "the plan says so")))
+    flags, changes = _with_plan(decision.flags, [], planned, length_lead="with the relaunch's other flags, ")
     return Relaunch(flags, decision.changes + tuple(changes), decision.why, step=decision.step)
 
 
@@ -826,9 +848,22 @@ def decide(d: Diagnosis, current: Flags, ctx: Context | None = None) -> Decision
     decision = _RULES[d.kind](d, current, ctx)
     if isinstance(decision, Relaunch) and d.kind in _FORESEEN:
         decision = _foresee(decision, d, ctx)
+    if isinstance(decision, Relaunch):
+        decision = within_rules(decision, ctx)
     if isinstance(decision, Relaunch) and not decision.backoff and decision.flags == current:
         return GiveUp(f"{d.kind}: no remedy changes anything", EX_TEMPFAIL, ADVICE)
     return decision
+
+
+def within_rules(decision: Relaunch, ctx: Context) -> Relaunch:
+    """``decision`` with every change to the user's flags that ``remedies.allowed`` does not allow put
+    back (:func:`supervisor.core.remediable.within`), and its changes only those still made: the check
+    each relaunch passes, whatever rule made it."""
+    flags = remediable.within(ctx.requested, decision.flags, ctx.rules.allowed)
+    if flags == decision.flags:
+        return decision
+    changes = tuple(c for c in decision.changes if flags.get(c.flag) == c.new)
+    return replace(decision, flags=flags, changes=changes, why=changes[0].why if changes else decision.why)
 
 
 def plan_ahead(expected: str, current: Flags, ctx: Context) -> Relaunch | None:

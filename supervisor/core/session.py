@@ -247,8 +247,16 @@ class Session:
         return launch
 
     def _choose(self, *, use_learned: bool) -> Launch:
-        cfg, requested = self.cfg, self.requested
+        cfg, requested, allowed = self.cfg, self.requested, self.cfg.remedies.allowed
         learned = self._learned if cfg.plan.learn and use_learned else None
+        refused = () if learned is None else remediable.refused(
+            requested, remediable.apply(requested, learned.flags), allowed)
+        if refused:
+            # Learned under rules that allowed more: the flags were sized together, so none is kept.
+            self._learned = None
+            launch = self._choose(use_learned=False)
+            return replace(launch, why=(f"the learned flags change {', '.join(refused)}, which remedies.allowed "
+                                        f"does not allow now; forgetting them: {launch.why}"), forget_learned=True)
         if learned is not None:
             flags = remediable.apply(requested, learned.flags)
             for name, (_was, now) in diff(requested, flags).items():
@@ -258,7 +266,8 @@ class Session:
                           reason="learned")
         if not cfg.plan.enabled:
             return Launch(requested, why="planning is off (--no-plan): the flags as given")
-        if cfg.plan.auto_fit and not requested.has(MAX_MODEL_LEN) and vllm.auto_fit_available(self.vllm_version):
+        if (cfg.plan.auto_fit and not requested.has(MAX_MODEL_LEN) and vllm.auto_fit_available(self.vllm_version)
+                and not remediable.refused(requested, requested.set(MAX_MODEL_LEN, "auto"), allowed)):
             self._note(MAX_MODEL_LEN, "auto", "vLLM sizes the context to the KV cache itself (--max-model-len auto)",
                        "plan")
             self.flags_source = "plan"
@@ -267,7 +276,7 @@ class Session:
             return Launch(requested, why="no config.json found for the model: the flags as given")
         total = self.facts.total_gib
         fit = self.sizing.fit(requested, total_bytes=int(total * GiB) if total else None,
-                              free_bytes=int(self.free_gib * GiB) if self.free_gib else None)
+                              free_bytes=int(self.free_gib * GiB) if self.free_gib else None, allowed=allowed)
         flags, changes = requested, []
         for name, value in fit.flags.items():
             flags = flags.set(name, value)
@@ -279,6 +288,9 @@ class Session:
                 flags = ahead.flags
                 changes = list(remedy.combined(changes, [replace(c, why=f"{fit.expect} expected: {c.why}")
                                                          for c in ahead.changes]))
+        # The one check every launch passes: a change the rules do not allow never reaches vLLM.
+        flags = remediable.within(requested, flags, allowed)
+        changes = [c for c in changes if flags.get(c.flag) == c.new]
         for c in changes:
             self._note(c.flag, c.new, c.why, "plan")
         if changes:

@@ -12,23 +12,28 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+import structlog
+
 from supervisor.core.vllm_text import LineSplitter
 from supervisor.shell import procs, signalling
 from supervisor.shell.signalling import Proc
 
 CHUNK = 64 * 1024       # bytes read from a pipe at a time
 
-LineHandler = Callable[[bytes, str], None]   # (line without newline, "stdout" | "stderr")
+LinesHandler = Callable[[list[bytes], str], None]   # (the lines of one read, without newlines; "stdout" | "stderr")
+
+log = structlog.get_logger("vllm-guard")
 
 
 class Child:
     """One launch of vLLM."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: LineHandler,
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_lines: LinesHandler,
                  state_dir: str | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
-        self.on_line = on_line
+        self.on_lines = on_lines
+        self.handler_errors = 0               # reads whose lines a handler failed on (logged once)
         self.state_dir = state_dir
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
@@ -73,10 +78,22 @@ class Child:
                 break
             if not data:
                 break
-            for line in splitter.feed(data):
-                self.on_line(line, name)
-        for line in splitter.close():
-            self.on_line(line, name)
+            lines = splitter.feed(data)
+            if lines:
+                self._handle(lines, name)      # a read's lines at once: the output path works per read
+        rest = splitter.close()
+        if rest:
+            self._handle(rest, name)
+
+    def _handle(self, lines: list[bytes], name: str) -> None:
+        """Hand a read's lines on. A handler that fails loses those lines, never the pipe: a reader that
+        stopped would leave vLLM blocked on its next write, a hang that looks like a stall."""
+        try:
+            self.on_lines(lines, name)
+        except Exception as e:  # noqa: BLE001 - the pipe must be drained whatever a handler does
+            self.handler_errors += 1
+            if self.handler_errors == 1:
+                log.error("vllm_output_handler_failed", error=f"{type(e).__name__}: {e}"[:300], stream=name)
 
     def remember_tree(self, record: bool = True) -> None:
         """Note the launch's processes now (engine and workers), to end or watch them later; ``record``:

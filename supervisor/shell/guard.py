@@ -261,7 +261,7 @@ class Guard:
         prober = Prober(self.host, self.port, flags.get("--served-model-name") or c.model,
                         api_key=flags.get("--api-key") or self.environ.get("VLLM_API_KEY"), timeout=c.health.timeout,
                         identity=lambda port, client: answered_by(child.leader, marker, port, client))
-        hooks = LaunchHooks(on_line=self._on_line, on_healthy=self._on_healthy, on_probe=self.report.probe,
+        hooks = LaunchHooks(on_lines=self._on_lines, on_healthy=self._on_healthy, on_probe=self.report.probe,
                             on_unhealthy=s.unhealthy, on_recovered=s.recovered)
         env = procs.child_env(sdnotify.child_environment(self.environ), self.state_dir, n)
         run_argv, moved = secrets_to_environ(argv, env)     # out of `ps`: into vLLM's own environment
@@ -270,9 +270,9 @@ class Guard:
         self.child = child = Child(run_argv, env, lambda line, stream: None, state_dir=self.state_dir)
         bounds = s.check_auto_fit if flags.auto_length() else None      # asked per line: only where it applies
         self._watcher = watcher = Watcher(child, prober, LaunchTimers.of(c), hooks, self._control,
-                                          bounds=bounds, hurry=self._hurry, clean=self.output.mask,
+                                          bounds=bounds, hurry=self._hurry, clean=self.output.mask_lines,
                                           progress=self.progress)
-        child.on_line = watcher.line
+        child.on_lines = watcher.lines
         try:
             async with gpus.turn(c.startup_timeout) as ours:
                 if not ours:
@@ -347,9 +347,9 @@ class Guard:
             log.info(f"stopping [{why}]")
         self._refresh(force=True)
 
-    def _on_line(self, line: bytes, stream: str) -> None:
-        self.output.line(line, stream)
-        self.report.vllm_line(line)
+    def _on_lines(self, lines: list[bytes], stream: str) -> None:
+        self.output.lines(lines, stream)
+        self.report.vllm_lines(lines)
 
     def _on_state(self, state: State, why: str) -> None:
         log.debug("state", state=state.value, why=why)

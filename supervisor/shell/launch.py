@@ -71,7 +71,7 @@ class LaunchTimers:
 class LaunchHooks:
     """Callbacks into the guard (all synchronous, cheap)."""
 
-    on_line: Callable[[bytes, str], object] = lambda line, stream: None
+    on_lines: Callable[[list[bytes], str], object] = lambda lines, stream: None
     on_healthy: Callable[[float], None] = lambda seconds: None
     on_probe: Callable[[ProbeResult], None] = lambda r: None
     on_unhealthy: Callable[[str], None] = lambda why: None
@@ -91,7 +91,7 @@ class Watcher:
     last_output: float = field(default_factory=time.monotonic)
     bounds: Bounds | None = None
     hurry: threading.Event | None = None    # set by a second stop request: SIGKILL without the grace
-    clean: Callable[[bytes], bytes] | None = None   # masks secrets in each line
+    clean: Callable[[list[bytes]], list[bytes]] | None = None   # masks secrets in the lines of a read
     progress: Progress | None = None        # where the launch is, in words (fed here, read by the guard)
 
     def __post_init__(self) -> None:
@@ -103,14 +103,23 @@ class Watcher:
         self._probed_fatal = False
         self._own_fatal: Diagnosis | None = None
 
-    def line(self, line: bytes, stream: str) -> None:
+    def lines(self, lines: list[bytes], stream: str) -> None:
+        """The lines of one read of vLLM's ``stream``: masked, kept and shown, then classified one by one."""
         self.last_output = time.monotonic()
         if self.clean is not None:
-            line = self.clean(line)       # secrets out before anything keeps or shows the line
-        self.hooks.on_line(line, stream)
-        d = self.classifier.feed(line)
-        if self.progress is not None:
-            self.progress.line(line, self.classifier.phase)
+            lines = self.clean(lines)     # secrets out before anything keeps or shows the lines
+        self.hooks.on_lines(lines, stream)
+        classifier, progress = self.classifier, self.progress
+        for line in lines:
+            d = classifier.feed(line)
+            if progress is not None:
+                progress.line(line, classifier.phase)
+            # (a busy server's lines, once it serves, decide nothing: skip the call)
+            if d is not None or self._grace_phase is not None or not self._ready_hint or self.bounds is not None:
+                self._decide(d)
+
+    def _decide(self, d: Diagnosis | None) -> None:
+        """After one line: a first fatal verdict, a grace that ended, serving reached, vLLM's bounds."""
         if d is not None and self.first_fatal is None:
             self.first_fatal = d
             # A failure vLLM only warns about and then waits on (a Ray placement group short of

@@ -78,6 +78,10 @@ class VllmOutput:
         """``line`` with every secret masked (the registry as it is now, and the known shapes)."""
         return REGISTRY.line(line)
 
+    def mask_lines(self, lines: list[bytes]) -> list[bytes]:
+        """:meth:`mask` for each of the lines of one read (decided once for the read)."""
+        return REGISTRY.lines(lines)
+
     def launch(self, n: int, argv_text: str) -> None:
         """Mark the start of launch ``n`` in the ring file."""
         self.flush()                        # what came before the mark stays before it
@@ -87,22 +91,27 @@ class VllmOutput:
         self._schedule()
 
     def line(self, line: bytes, stream: str) -> bytes:
-        """Show and keep one (already masked) line of vLLM's; returns it. Called for every line vLLM prints,
-        so it only buffers: :meth:`flush` writes the batch to the ring file and the guard's streams."""
+        """Show and keep one (already masked) line of vLLM's; returns it."""
+        self.lines([line], stream)
+        return line
+
+    def lines(self, lines: list[bytes], stream: str) -> None:
+        """Show and keep (already masked) lines of vLLM's. Called for every read of vLLM's pipes, so it only
+        buffers: :meth:`flush` writes the batch to the ring file and the guard's streams."""
         if stream != self._stream:
             self._buf = bytearray()
             self._segments.append((stream, self._buf))
             self._stream = stream
         buf = self._buf
-        buf += line
+        buf += b"\n".join(lines)
         buf += b"\n"
         if self.live is not None and not self.quiet:
-            self.live.above(line, stream)
+            for line in lines:
+                self.live.above(line, stream)
         if len(buf) >= _FLUSH_AT:
             self.flush()
         elif not self._scheduled:
             self._schedule()
-        return line
 
     def _schedule(self) -> None:
         """Flush once the lines of this batch are in: on the event loop's next turn (at once without one)."""

@@ -139,9 +139,9 @@ class Report:
         self.webhook.event("gave_up", msg, kind=kind, exit_code=end.exit_code)
         return msg
 
-    def vllm_line(self, line: bytes) -> None:
-        """One (masked) line of vLLM's output, kept for /status and the page."""
-        self.recent.append(line.decode("utf-8", "replace")[:RECENT_LINE_CHARS])
+    def vllm_lines(self, lines: list[bytes]) -> None:
+        """(Masked) lines of vLLM's output, the last of them kept for /status and the page."""
+        self.recent.extend(line.decode("utf-8", "replace")[:RECENT_LINE_CHARS] for line in lines[-RECENT_LINES:])
 
     def probe(self, r: ProbeResult) -> None:
         self.last_probe, self.last_probe_at = r, time.time()

@@ -506,11 +506,11 @@ def test_a_fatal_looking_line_does_not_kill_a_server_that_still_answers(run, tmp
         control: asyncio.Queue = asyncio.Queue()
         healthy = asyncio.Event()
         child = Child([sys.executable, str(script), str(port)], dict(__import__("os").environ),
-                      lambda line, stream: None)
+                      lambda lines, stream: None)
         w = Watcher(child, Prober("127.0.0.1", port, "m", timeout=2),
                     LaunchTimers(60, 60, 0.2, 0.2, 2, 3), LaunchHooks(on_healthy=lambda s: healthy.set()),
                     control)
-        child.on_line = w.line
+        child.on_lines = w.lines
         await child.start()
         task = asyncio.ensure_future(w.run())
         await asyncio.wait_for(healthy.wait(), 10)

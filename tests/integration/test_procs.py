@@ -431,7 +431,7 @@ def test_a_launch_noted_during_its_start_up_has_its_unmarked_late_engine_swept(t
 
     async def main() -> int:
         child = Child([sys.executable, "-c", _LATE_ENGINE], procs.child_env(os.environ, state, 1),
-                      lambda line, stream: lines.append(line), state_dir=state)
+                      lambda got, stream: lines.extend(got), state_dir=state)
         await child.start()
         tracked.append(psutil.Process(child.pid))
         deadline = time.monotonic() + 15

@@ -60,8 +60,8 @@ class Lines:
         self.lines: list[bytes] = []
         self.got = asyncio.Event()
 
-    def __call__(self, line: bytes, stream: str) -> None:
-        self.lines.append(line)
+    def __call__(self, lines: list[bytes], stream: str) -> None:
+        self.lines.extend(lines)
         self.got.set()
 
     async def pids(self, timeout: float = 15.0) -> list[int]:

@@ -6,11 +6,18 @@ that the relaunch it asks for serves in the emulator — the second failure it p
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from benchmarks import matrix, render
+from supervisor.config import RemedyConfig
 from supervisor.core import plan as P
 from supervisor.core import remedy as R
 from supervisor.core import vllm
@@ -382,3 +389,223 @@ def test_busy_gpu_kv_relaunch_before_0_20_down_to_exactly_the_floor():
     out = _kv_short("0.10.1.1", "", {"max_model_len": 32768, "fit_max_model_len": fit}, 21.0)
     assert out.flags == Flags.parse(f"{UTIL} {room} {MML} 2048")
     assert out.changes[0].why == ESTIMATE_WHY.format(fit=fit, length=32768) + "2048, aligned down to the 16-token block"
+
+
+# -- issue 24: what the mutation run showed no test held (each test kills a surviving mutant) ------------------
+def _unsizable(tmp_path_factory) -> P.Sizing:
+    """A model the plan cannot size: Llama-3.1-8B's config.json with a hidden size (16) below its 32 heads, so
+    each head has 16 // 32 = 0 dimensions and a KV page 0 bytes (the plan divides by it)."""
+    config = json.loads((MODELS / "Llama-3.1-8B-Instruct" / "config.json").read_text())
+    config["hidden_size"] = 16
+    d = tmp_path_factory.mktemp("unsizable")
+    (d / "config.json").write_text(json.dumps(config))
+    info = load_model_info(str(d))
+    assert info is not None and info.head_dim == 0
+    return P.Sizing(info, compute_capability=(8, 9), device_name="NVIDIA L4")
+
+
+@pytest.fixture(scope="module")
+def unsizable(tmp_path_factory) -> P.Sizing:
+    s = _unsizable(tmp_path_factory)
+    with pytest.raises(ZeroDivisionError):          # the plan itself raises: the remedy must not
+        s.fit(Flags(), total_bytes=int(L4_TOTAL * GiB), free_bytes=int(18 * GiB), vllm_version="0.10.1.1")
+    return s
+
+
+def _with(s: P.Sizing, version: str) -> P.Sizing:
+    return dataclasses.replace(s, vllm_version=version)
+
+
+def test_a_kv_cache_too_small_for_a_model_the_plan_cannot_size_is_cut_to_vllms_own_figure(unsizable):
+    # vLLM 0.10 on a GPU others share: the rule asks the plan for the room CUDA graphs need, and the plan raises.
+    # The relaunch is the plain rule's: vLLM's 19200 tokens, a whole number of 16-token blocks (1200 x 16).
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 131072, "fit_max_model_len": 19200})
+    out = R.decide(d, Flags(), ctx("0.10.1.1", _with(unsizable, "0.10.1.1"), free=18.0))
+    assert out == R.Relaunch(Flags.parse("--max-model-len 19200"), (R.Change(
+        MML, None, "19200", "the KV cache holds about 19200 tokens (vLLM's estimate), not 131072; 19200 is that, "
+                            "aligned down to the 16-token block"),),
+        "the KV cache holds about 19200 tokens (vLLM's estimate), not 131072; 19200 is that, aligned down to the "
+        "16-token block", step="max_model_len")
+
+
+def test_no_kv_memory_for_a_model_the_plan_cannot_size_takes_the_next_step_without_a_length(unsizable):
+    # The ladder's first step, a larger share, gives nothing on a GPU with 18 of 22.06 GiB free: under free memory,
+    # less 0.5 GiB for CUDA graphs (0.10), 0.4 GiB of CUDA context and the 0.005 margin, vLLM can take
+    # floor(((18 - 0.5 - 0.4) / 22.06 - 0.005) x 100) / 100 = 0.77, below the 0.90 it ran at. Eager mode is next;
+    # the plan asked what that does to the length raises, so the length is left to vLLM.
+    out = R.decide(Diagnosis(Kind.NO_KV_CACHE_MEMORY), Flags(), ctx("0.10.1.1", _with(unsizable, "0.10.1.1"),
+                                                                     free=18.0))
+    assert isinstance(out, R.Relaunch) and out.flags == Flags.parse("--enforce-eager")
+    assert out.step == "no_kv:enforce_eager" and [c.flag for c in out.changes] == ["--enforce-eager"]
+
+
+_FAILURES = [
+    Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 131072, "fit_max_model_len": 19200}),
+    Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 8192, "fit_max_model_len": 1000}),
+    Diagnosis(Kind.NO_KV_CACHE_MEMORY), Diagnosis(Kind.OOM_PROFILE), Diagnosis(Kind.OOM_CUDAGRAPH),
+    Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={"free_gib": 18.66, "total_gib": 22.06,
+                                                       "requested_utilization": 0.9}),
+    Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY),           # "Error in memory profiling": no figures
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(failure=st.sampled_from(_FAILURES),
+       version=st.sampled_from(["0.8.5", "0.9.2", "0.10.1.1", "0.13.0", "0.19.0", "0.32.0"]),
+       flags=st.sampled_from(["", "--max-model-len 8192", "--gpu-memory-utilization 0.95", "--enforce-eager"]),
+       total=st.sampled_from([22.06, 44.4, 79.19, 139.8]),
+       free_share=st.one_of(st.none(), st.integers(30, 100)))
+def test_a_model_the_plan_cannot_size_leaves_every_rule_as_it_decides_without_the_model(
+        unsizable, failure, version, flags, total, free_share):
+    # "An estimate only ever refines a rule, it never breaks one": where the plan raises, each rule that asks it
+    # decides what it decides knowing nothing of the model (V1 engines; V0: see the test below).
+    free = None if free_share is None else round(total * free_share / 100, 2)
+    current = Flags.parse(flags)
+    known = R.decide(failure, current, ctx(version, _with(unsizable, version), free=free, total=total))
+    unknown = R.decide(failure, current, ctx(version, None, free=free, total=total))
+    assert known == unknown
+
+
+def test_a_v0_relaunch_for_a_model_the_plan_cannot_size_claims_no_gain_from_chunked_prefill(unsizable):
+    d = Diagnosis(Kind.KV_CACHE_INSUFFICIENT, numbers={"max_model_len": 8192, "fit_max_model_len": 19200})
+    current = Flags.parse("--max-model-len 8192")
+    known = R.decide(d, current, ctx("0.6.3", _with(unsizable, "0.6.3"), free=18.0))
+    assert known == R.decide(d, current, ctx("0.6.3", None, free=18.0))
+
+
+def _under_free(free: float, total: float, margin: float) -> float:
+    """The highest share (0.01 steps) vLLM's start-up check passes with ``free`` GiB free (NVML's figure, so
+    vLLM's 0.4 GiB CUDA context comes off it) and ``margin`` of the total held back."""
+    return math.floor(((free - 0.4) / total - margin) * 100) / 100
+
+
+_GPUS = [(22.06, (8, 9), "NVIDIA L4"), (79.19, (9, 0), "NVIDIA H100 80GB HBM3"), (139.8, (9, 0), "NVIDIA H200")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["Llama-3.1-8B-Instruct", "DeepSeek-V2-Lite", "Qwen2.5-7B-Instruct", "Qwen3-8B"]),
+       version=st.sampled_from(["0.10.1.1", "0.19.0", "0.32.0"]), gpu=st.sampled_from(_GPUS),
+       margin=st.sampled_from([0.005, 0.02, 0.05]), launched=st.sampled_from([None, "0.5"]),
+       free_share=st.integers(100, 200))
+@example(name="DeepSeek-V2-Lite", version="0.10.1.1", gpu=_GPUS[0], margin=0.005, launched="0.5",
+         free_share=198)                              # 21.84 of 22.06 GiB free: the plan's room for graphs is 0.90
+@example(name="DeepSeek-V2-Lite", version="0.10.1.1", gpu=_GPUS[1], margin=0.05, launched=None,
+         free_share=187)                              # 74.04 of 79.19 free, a 0.05 margin: no share above 0.87
+def test_the_no_kv_ladders_share_keeps_the_margin_and_the_room_the_plan_leaves_for_cuda_graphs(
+        name, version, gpu, margin, launched, free_share):
+    # The share the ladder raises to passes vLLM's start-up check with the configured margin held back, and before
+    # 0.20 (graphs captured outside the budget) it is no higher than the share the plan leaves the model's graphs
+    # room at: the step must not take back the room the plan keeps.
+    total, cc, device = gpu
+    free = round(total * free_share / 200, 2)
+    info = load_model_info(str(MODELS / name))
+    assert info is not None
+    s = P.Sizing(info, vllm_version=version, compute_capability=cc, device_name=device, utilization_margin=margin)
+    current = Flags() if launched is None else Flags.parse(f"{UTIL} {launched}")
+    out = R.decide(Diagnosis(Kind.NO_KV_CACHE_MEMORY), current,
+                   ctx(version, s, free=free, total=total, rules=RemedyConfig(utilization_margin=margin)))
+    if not isinstance(out, R.Relaunch) or out.step != "no_kv:gpu_memory_utilization":
+        return
+    share = float(out.flags.get(UTIL) or 0)
+    most = _under_free(free, total, margin)
+    assert share <= most
+    planned = s.fit(Flags.parse(f"{UTIL} {most}"), total_bytes=int(total * GiB), free_bytes=int(free * GiB))
+    room = planned.flags.get(UTIL)      # the plan's share for the model's graphs (0.10-0.19), if it needs a lower one
+    assert room is None or share <= float(room)
+
+
+def test_before_0_20_the_no_kv_share_keeps_the_least_graph_reserve_besides_the_margin():
+    # Llama-3.1-8B on an H200 (139.8 GiB) with 130.01 GiB free, vLLM 0.10: the plan needs no lower share for the
+    # model's graphs at what free memory allows, and the share keeps the least room for graphs captured outside
+    # the budget (0.5 GiB), vLLM's CUDA context (0.4 GiB) and the 0.005 margin:
+    # floor(((130.01 - 0.5 - 0.4) / 139.8 - 0.005) x 100) / 100 = floor(91.85) / 100 = 0.91.
+    version = "0.10.1.1"
+    info = load_model_info(str(MODELS / "Llama-3.1-8B-Instruct"))
+    assert info is not None
+    s = P.Sizing(info, vllm_version=version, compute_capability=(9, 0), device_name="NVIDIA H200")
+    out = R.decide(Diagnosis(Kind.NO_KV_CACHE_MEMORY), Flags(), ctx(version, s, free=130.01, total=139.8))
+    assert isinstance(out, R.Relaunch) and out.step == "no_kv:gpu_memory_utilization"
+    assert out.flags == Flags.parse(f"{UTIL} 0.91")
+
+
+@pytest.mark.parametrize(("name", "total", "free"), [
+    ("Llama-3.1-8B-Instruct", L4_TOTAL, 20.74),        # others hold 1.32 GiB
+    ("Llama-3.1-8B-Instruct", 79.19, 52.27),           # others hold 26.92 GiB
+])
+def test_a_free_memory_relaunch_on_vllm_0_8_leaves_the_length_room_for_what_other_processes_hold(name, total, free):
+    # vLLM 0.8 (V1 before 0.9.1) counts every byte on the device that is not its own torch memory against its
+    # cap: the length the relaunch sets must fit after what other processes hold. "Error in memory profiling"
+    # prints no figures: the free memory is NVML's.
+    version = "0.8.5"
+    info = load_model_info(str(MODELS / name))
+    assert info is not None
+    s = P.Sizing(info, vllm_version=version, compute_capability=(8, 9), device_name="NVIDIA L4")
+    out = R.decide(Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY), Flags(), ctx(version, s, free=free, total=total))
+    assert isinstance(out, R.Relaunch) and out.flags.has(MML)
+    model = matrix.Model(name, name, str(MODELS / name))
+    gpu = emu.GpuSpec(total_gib=total, other_used_gib=round(total - free, 2), cc=(8, 9))
+    served = render.simulate(matrix.model_spec(model, version), gpu, version, out.flags)
+    assert served.ok, served
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-32B-Instruct-AWQ"]),
+       version=st.sampled_from(["0.10.1.1", "0.13.0", "0.19.0", "0.32.0"]), total=st.sampled_from([22.06, 44.4, 79.19]),
+       util=st.sampled_from([0.9, 0.92, 0.95]), below=st.integers(-1, 300))
+@example(name="Llama-3.1-8B-Instruct", version="0.32.0", total=22.06, util=0.9, below=-1)
+def test_a_free_memory_relaunch_names_the_share_it_launches_with_wherever_its_reasons_name_one(
+        name, version, total, util, below):
+    # vLLM prints free and total memory rounded to 2 decimals: free may print 0.01 above total x share and still
+    # be below it ("Free memory on device (19.86/22.06 GiB) ... (0.9, 19.86 GiB)"). Every reason of the relaunch
+    # that names a share ("... at utilization 0.89") names the one it launches with.
+    free = round(round(total * util, 2) - below / 100, 2)
+    info = load_model_info(str(MODELS / name))
+    assert info is not None
+    s = P.Sizing(info, vllm_version=version, compute_capability=(8, 9), device_name="NVIDIA L4")
+    d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={"free_gib": free, "total_gib": total,
+                                                           "requested_utilization": util})
+    current = Flags() if util == vllm.default_utilization(version) else Flags.parse(f"{UTIL} {util}")
+    out = R.decide(d, current, ctx(version, s, free=free + 0.4, total=total))
+    if not isinstance(out, R.Relaunch):
+        return
+    named = {float(x) for c in out.changes for x in re.findall(r"at utilization (\d\.\d\d)", c.why)}
+    assert named <= {float(out.flags.get(UTIL) or "nan")}, out
+
+
+def test_the_plans_fp8_kv_and_its_length_are_taken_only_where_the_rules_allow_each():
+    # Mistral-7B on an L4 others share, vLLM 0.19: "Free memory on device (15.22/22.06 GiB) ... (0.9, 19.85 GiB)".
+    # Under the share that fits, at the model dtype fewer than the 2048-token floor fit, so the plan turns on fp8
+    # KV and sizes the length. The relaunch takes fp8 only where remedies.allowed has kv_cache_fp8, and the
+    # length only where it has max_model_len; the share is the same either way.
+    version = "0.19.0"
+    info = load_model_info(str(MODELS / "Mistral-7B-v0.3"))
+    assert info is not None
+    s = P.Sizing(info, vllm_version=version, compute_capability=(8, 9), device_name="NVIDIA L4")
+    d = Diagnosis(Kind.INSUFFICIENT_FREE_MEMORY, numbers={"free_gib": 15.22, "total_gib": 22.06,
+                                                           "requested_utilization": 0.9})
+    planned = s.fit(Flags.parse(f"{UTIL} 0.9"), total_bytes=int(22.06 * GiB), free_bytes=int(15.22 * GiB),
+                    context_bytes=0)
+    assert planned.flags.get("--kv-cache-dtype") == "fp8" and planned.flags.get(MML) == "auto"
+    every = RemedyConfig().allowed
+
+    def relaunch(*without: str) -> R.Relaunch:
+        rules = RemedyConfig(allowed=tuple(a for a in every if a not in without))
+        out = R.decide(d, Flags(), ctx(version, s, free=15.62, rules=rules))
+        assert isinstance(out, R.Relaunch)
+        return out
+
+    share = planned.flags[UTIL]
+    assert relaunch().flags == Flags.parse(f"{UTIL} {share} --kv-cache-dtype fp8 {MML} auto")
+    model = matrix.Model("Mistral-7B-v0.3", "Mistral-7B-v0.3", str(MODELS / "Mistral-7B-v0.3"))
+    gpu = emu.GpuSpec(total_gib=22.06, other_used_gib=round(22.06 - 15.22 - CONTEXT, 2), cc=(8, 9))
+    spec = matrix.model_spec(model, version)
+    assert render.simulate(spec, gpu, version, relaunch().flags).ok
+    # The plan's length (auto) was sized with fp8 KV, and its fp8 to go with a shorter length: without
+    # one the other is no answer. Without kv_cache_fp8 the length auto would count on fp8 that is not
+    # applied; without max_model_len, fp8 alone leaves the model's 32768 tokens far from fitting (the
+    # emulator refuses it): a needless degradation. Either way the share alone, and no reason names fp8.
+    assert not render.simulate(spec, gpu, version, Flags.parse(f"{UTIL} {share} --kv-cache-dtype fp8")).ok
+    for without in ("max_model_len", "kv_cache_fp8"):
+        out = relaunch(without)
+        assert out.flags == Flags.parse(f"{UTIL} {share}"), without
+        assert not any("fp8" in c.why for c in out.changes) and "fp8" not in out.why, out

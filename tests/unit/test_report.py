@@ -177,7 +177,7 @@ def test_status_names_the_phase_the_url_the_last_failure_healed_and_the_memory_v
         r.launching(2, cfg.launch_argv(session.current), {})
         r.progress = Progress(2, started_at=1000.0)
         r.progress.line("Loading safetensors checkpoint shards:  40% Completed | 2/5", "loading")
-        r.vllm_line(b"Loading safetensors checkpoint shards:  40% Completed | 2/5")
+        r.vllm_lines([b"Loading safetensors checkpoint shards:  40% Completed | 2/5"])
 
     _, _, report = told(tmp_path, events)
     doc = report.status(session, pid=None, gpus=[], exit_reason="", numbers=printed)

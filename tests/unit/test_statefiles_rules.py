@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import stat
 import tempfile
 import threading
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from supervisor.errors import StateError, UnsafeDir
@@ -527,3 +530,151 @@ def test_a_state_dir_of_a_system_user_is_refused_like_anyone_elses(tmp_path):
     os.chown(d, 1, 1)                             # uid 1: not the guard's user, not root
     with pytest.raises(UnsafeDir, match=r"belongs to uid 1; another user could plant links"):
         sf.ensure_dir(d)
+
+
+# --- issue 24: what the door does where only one of its checks tells (each kills a surviving mutant) ----
+
+
+def test_an_atomic_write_onto_a_hard_link_drops_that_name_and_leaves_no_second_one(tmp_path):
+    # The door's rule for a hard link holds for a rename too: unlink the name (the other file loses only
+    # this name), never set it aside, which would keep a second name of someone else's file in the dir.
+    victim = tmp_path / "elsewhere"
+    victim.write_text("someone's")
+    p = tmp_path / "guard.json"
+    os.link(victim, p)
+    with capture_logs() as logs:
+        sf.atomic_write(p, "ours")
+    assert p.read_text() == "ours" and os.stat(p).st_nlink == 1
+    assert victim.read_text() == "someone's" and os.stat(victim).st_nlink == 1
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["elsewhere", "guard.json"]
+    assert [e["event"] for e in logs] == [
+        f"{p} was a hard link (2 names for one file); removed that name (the file it also names is untouched)"]
+
+
+def test_a_hard_link_made_between_the_look_and_the_open_loses_that_name_only(tmp_path, monkeypatch):
+    # The look saw one file of one name; by the open someone has linked it elsewhere: what was opened says
+    # two names, and a writer removes this one (the file itself, under its other name, is untouched).
+    victim = tmp_path / "elsewhere"
+    victim.write_text("someone's")
+    p = tmp_path / "history.jsonl"
+    os.link(victim, p)
+    _stale_lstat(monkeypatch, p, _regular_of_ours(tmp_path))
+    with capture_logs() as logs:
+        fd = sf.open_state(p, os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"the guard's line\n")
+    os.close(fd)
+    assert p.read_text() == "the guard's line\n" and os.stat(p).st_nlink == 1
+    assert victim.read_text() == "someone's" and os.stat(victim).st_nlink == 1
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["a-regular-file", "elsewhere", "history.jsonl"]
+    assert [e["event"] for e in logs] == [
+        f"{p} was a hard link (2 names for one file); removed that name (the file it also names is untouched)"]
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_disk_error_on_the_look_at_what_was_opened_is_an_oserror_and_leaks_no_descriptor(tmp_path, monkeypatch):
+    # A fault of the disk is an OSError from the door (the callers' best effort, diskfaults.FAULTS, catches
+    # OSError) and the descriptor it had opened is closed. fstat failing (EIO on a failing disk) is made by
+    # the test: the machine's disk does not fail on cue.
+    p = tmp_path / "guard.json"
+    p.write_text("{}")
+    real = os.fstat
+
+    def fstat(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(p):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    before = _fds()
+    monkeypatch.setattr(sf.os, "fstat", fstat)
+    with pytest.raises(OSError) as e:
+        sf.open_state(p)
+    monkeypatch.undo()
+    assert type(e.value) is OSError and e.value.errno == errno.EIO
+    assert _fds() == before
+
+
+def test_a_file_that_fails_while_it_is_read_is_named_with_the_systems_reason():
+    # /proc/self/mem is a regular file of one link, the reader's own (root's for root), 0 bytes by fstat:
+    # the door lets it through, and reading it at offset 0 (unmapped) fails with EIO, as a failing disk does.
+    with pytest.raises(StateError) as e:
+        sf.read_bytes("/proc/self/mem")
+    assert str(e.value) == "cannot read /proc/self/mem: Input/output error"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(0, 3000), limit=st.integers(0, 2000))
+def test_a_file_over_the_limit_it_is_read_with_is_refused_by_the_door_in_its_words(tmp_path, size, limit):
+    # The limit is the door's cap: the file is judged by its size before a byte is read, in the door's words.
+    p = tmp_path / "state.json"
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    p.write_bytes(data)
+    if size <= limit:
+        assert sf.read_bytes(p, limit=limit) == data
+    else:
+        with pytest.raises(StateError) as e:
+            sf.read_bytes(p, limit=limit)
+        assert str(e.value) == f"{p} is larger than {limit} bytes; not using it"
+
+
+def test_a_limit_above_the_default_cap_reads_a_file_that_large(tmp_path):
+    p = tmp_path / "big"
+    data = os.urandom((16 << 20) + 1)              # one byte over the 16 MiB default cap
+    p.write_bytes(data)
+    assert sf.read_bytes(p, limit=17 << 20) == data
+    with pytest.raises(StateError) as e:
+        sf.read_bytes(p)
+    assert str(e.value) == f"{p} is larger than 16 MiB; not using it"
+
+
+def _ensure_dir_as(uid: int, path: Path) -> str:
+    """ensure_dir(path) in a child process running as ``uid`` (a guard started by that user): "ok", or the
+    UnsafeDir's message."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child: never back into pytest
+        try:
+            os.close(r)
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                sf.ensure_dir(path)
+                out = "ok"
+            except UnsafeDir as e:
+                out = str(e)
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+@needs_root
+@pytest.mark.parametrize(("mode", "others"), [(0o755, None), (0o711, None), (0o700, None),
+                                              (0o775, " and others can write it"), (0o757, " and others can write it")])
+def test_a_guard_not_run_as_root_uses_roots_state_dir_only_when_no_one_else_can_write_it(mode, others):
+    # Root is trusted like the guard's own user: a dir of root's that group and others cannot write holds
+    # nothing another user planted, so a guard of NOBODY's may use it; one they can write is refused.
+    base = Path(tempfile.mkdtemp(prefix="vg-rootdir-"))
+    try:
+        base.chmod(0o755)                           # NOBODY can reach the state dir inside
+        d = base / "state"
+        d.mkdir()
+        d.chmod(mode)
+        assert os.stat(d).st_uid == 0
+        if others is None:                          # root's own guard uses it as it is (and the call is seen
+            assert sf.ensure_dir(d) == d            # here, not only in the child, by mutmut's coverage)
+        got = _ensure_dir_as(NOBODY, d)
+        if others is None:
+            assert got == "ok"
+        else:
+            assert got == (f"the state dir {d} belongs to uid 0{others}; another user could plant links there that "
+                           "this guard would follow: give it a directory of its own (chown it, or --state-dir)")
+        assert stat.S_IMODE(os.stat(d).st_mode) == mode        # another user's dir is never chmodded
+    finally:
+        shutil.rmtree(base)

@@ -26,7 +26,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 # --------------------------------------------------------------------------- bytes -> lines
 MAX_LINE = 256 * 1024   # longer lines are cut here (the rest of the line is dropped)
@@ -217,9 +217,25 @@ SHELL_NOTES = frozenset(f"{what}{core}" for what in ("Killed", "Terminated", "Ab
 _SHELL_NOTES_LOW = frozenset(n.lower() for n in SHELL_NOTES)
 
 
+#: what an interpreter's crash handlers print, each line a whole one (faulthandler's dump, PyTorch's)
+_CRASH_STARTS = ("Fatal Python error", "!!!!!!! ", "Current thread 0x", "Thread 0x")
+_CRASH_STARTS_LOW = tuple(s.lower() for s in _CRASH_STARTS)
+#: argparse's own lines: its usage and its error (``%(prog)s: error: %(message)s``)
+_ARGPARSE = re.compile(r"(?:usage: [\w.-]+(?: [\w.-]+)? \[|[\w.-]+(?: [\w.-]+)?: error: )", re.I)
+#: the start of vLLM's log header, its file and line cut off onto the next line by a wrap
+_HEADER_START = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d(?::\d\d(?:\.\d+)?)?(?: |$)",
+                           re.I)
+#: vLLM's process tag ending a line (what a log header after it on the next line belongs to)
+_TAG_END = re.compile(r"\(" + _PROC + r" pid=\d+\)\s*$")
+
+
 def _begins_record(stripped: str, low: bool = False) -> bool:
-    """A traceback's own lines and the shell's notes begin a record (never the rest of a line the terminal
-    wrapped)."""
+    """A traceback's own lines, argparse's and the shell's notes begin a record (never the rest of a line
+    the terminal or an editor wrapped)."""
+    if ": " in stripped[:64] and _ARGPARSE.match(stripped):
+        return True
+    if stripped.startswith(_CRASH_STARTS) or (low and stripped.lower().startswith(_CRASH_STARTS_LOW)):
+        return True
     if len(stripped) <= 40 and (stripped.rstrip().lower() in _SHELL_NOTES_LOW if low
                                 else stripped.rstrip() in SHELL_NOTES):
         return True
@@ -644,6 +660,12 @@ def folded(text: str) -> bool:
 # --------------------------------------------------------------------------- the stage
 _QUOTE = re.compile(r"^(?:>[ \t]?)+")
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
+#: the widest line of a paste an editor wrapped at _WRAP_MIN may fall short of it by a word
+_SOFT_MIN = _WRAP_MIN - 10
+_HYPHEN, _PUNCT = 1, 2             # a break after a hyphen, where a space was (see Normalizer._judge)
+_WORD = re.compile(r"[a-z]+", re.I)
+_BREAKS_KEPT = 1024              # the breaks judged again when a wider line comes (the first ones)
+_SOURCE_INDENT = "    "          # a traceback's source line, as Python prints it under its frame
 _JOIN_CAP = 8000                 # a re-assembled wrapped record never grows past this
 _HOLD = 64                       # entries held while the order of a time-stamped log is not yet known
 _HOLD_MAX = 200_000              # entries kept of a newest-first paste (the newest; older ones are dropped)
@@ -651,26 +673,130 @@ _PARTIAL_CAP = 1 << 20           # a CRI partial line joined up to this many cha
 _JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is given up at this many characters
 
 
+#: a record that may go on in the next line: its text so far, its first line, read already (while the wrap
+#: was not known), folded, the line as its carrier printed it (None: no carrier; "": several put together)
+_Chain = tuple[str, str, bool, bool, "str | None"]
+#: what a line a carrier's prefix begins never starts with (vLLM's own lines, a traceback's)
+_NO_CARRIER = frozenset(" \t\"'")
+
+
+_RAISED_ANY_CASE = re.compile(EXCEPTION_LINE.pattern, re.I)
+
+
+_T = TypeVar("_T")
+
+
+def _both_ways(ways: list[_T]) -> list[_T]:
+    """A record read two ways, the likelier first: it again after the other, as the rules keep the first
+    verdict a record gives but the last number a start-up line states."""
+    if len(ways) < 2 or ways[0] == ways[1]:
+        return ways[:1]
+    return [ways[0], ways[1], ways[0]]
+
+
+def _under_frame(text: str, before: str) -> bool:
+    """An exception line after a traceback's frame or source line: the traceback's end, not the rest of it."""
+    return bool(_RAISED_ANY_CASE.match(text)) and _ends_a_frame(before)
+
+
+_SPACES = re.compile(r" {2,}")
+_NAME_REST = re.compile(r"[\w<>]+")
+#: how the carriers' prefixes that hold a time stamp begin (see CARRIERS): one cut before its end
+_PREFIX_START = re.compile(r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d|\[ *\d+\.\d{6}\]|\d{9,11}\.\d{6}|\[pod/"
+                           r"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d"
+                           r"|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d)", re.I)
+#: ... and any carrier's, Ray's among them (``(Name pid=N, ip=...)``)
+_CUT_PREFIX = re.compile(_PREFIX_START.pattern + r"|\((?:[\w:.-]+ )?pid=\d+,", re.I)
+_WORD_ENDS = frozenset('",;:)]}\'')
+_WORD_OPENS = frozenset('"\'([{')
+_WORD_GOES_ON = frozenset(",.;:)]}")
+
+
+def _gap(line: str) -> int:
+    """How wide the space an editor dropped after ``line`` may have been: two (text puts two after a
+    sentence as often as one), or as wide as the widest run of spaces between the line's own words (a
+    banner, a table, a progress bar's padding)."""
+    body = line.strip()
+    return max(2, *map(len, _SPACES.findall(body))) if "  " in body else 2
+
+
+def _one_word(line: str) -> bool:
+    """A line of one word alone (no space inside it)."""
+    body = line.strip()
+    return " " not in body and "\t" not in body
+
+
+def _hyphen_break(last: str, first: str) -> bool:
+    """An editor broke a hyphenated word after its hyphen (textwrap's rule: two letters before it, one
+    after), ``last`` the word before the break, ``first`` the one after."""
+    return last[-1:] == "-" and last[-3:-1].isalpha() and first[:1].isalpha()
+
+
+def _in_word(last: str, first: str, full: bool, width: int, alone: bool = False) -> bool:
+    """An editor broke inside a word, not at a space it dropped: after a hyphen, or (``full``: the line before
+    as wide as the wrap) in a word longer than the width, cut at it. ``alone``: that word stood alone on the
+    line before; one that ends a quoted path or a clause (``",``, ``)``, ``:``) filled the line whole, as
+    one cut falls anywhere in a word."""
+    if _hyphen_break(last, first):
+        return True
+    # (a word longer than the width that goes on in the next line is the rest of one cut; one longer than
+    # the width itself stands whole on its line: a cut leaves no piece wider than the width)
+    # (and a word that opens with a quote or a bracket began after a space: the editor put it on a line of
+    # its own as the one before was full, and cut it there; a comma or a closing mark opens none)
+    return (full and len(last) + len(first) > width
+            and not (alone and last[-1:] in _WORD_ENDS and first[:1] not in _WORD_GOES_ON)
+            and len(first) <= width and first[:1] not in _WORD_OPENS)
+
+
+def _whole_frame(text: str) -> bool:
+    """A traceback's frame line, whole (``File "...", line N, in name``): Python puts its source line, the
+    next frame or the exception on lines of their own, so nothing an editor broke off goes on with it."""
+    return ", line " in text and bool(_FRAME_END.search(text))
+
+
 class _Pieces:
     """A line being put together from pieces (a CRI file's partial lines), up to :data:`_PARTIAL_CAP`
     characters: kept as a list and joined once, so a long run of partial lines costs each piece once,
     not the line so far again (a run that never closes is a garbled log, not a reason to hang)."""
 
-    __slots__ = ("_pieces", "_size")
+    __slots__ = ("pieces", "_size", "width", "wraps", "entries", "bared", "bare", "closing", "ts")
 
     def __init__(self) -> None:
-        self._pieces: list[str] = []
+        self.pieces: list[str] = []
         self._size = 0
+        self.width = 0          # how wide the line of the last piece was, as printed
+        self.bare = False       # ... and it was the carrier's prefix alone (its text wrapped onto the next)
+        self.closing = False    # the line's last piece came, bare: it ends at the carrier's next line
+        self.ts: str | None = None
+        self.entries: list[int] = []    # where the text of each of the carrier's lines starts
+        self.bared: set[int] = set()    # ... those whose prefix stood alone on its line
+        # the pieces that are a terminal's or an editor's wrap of the line before (not the carrier's own
+        # pieces): (where, how wide that line was, the last word on it)
+        self.wraps: list[tuple[int, int, str]] = []
 
-    def add(self, piece: str) -> None:
+    def add(self, piece: str, width: int = 0, wrap: bool = False, entry: bool = False) -> None:
+        """``entry``: the text of one of the carrier's lines; ``wrap``: the wrap of the line before."""
+        if entry:
+            self.entries.append(len(self.pieces))
+            if not piece:
+                self.bared.add(len(self.entries) - 1)
         room = _PARTIAL_CAP - self._size
         if room > 0 and piece:
+            if wrap and self.pieces:
+                before = self.pieces[-1]
+                self.wraps.append((len(self.pieces), self.width, before.rsplit(None, 1)[-1] if before.strip() else ""))
             piece = piece[:room]
-            self._pieces.append(piece)
+            self.pieces.append(piece)
             self._size += len(piece)
+        self.width = width
+        self.bare = entry and not piece
+
+    @property
+    def last(self) -> str:
+        return self.pieces[-1] if self.pieces else ""
 
     def text(self) -> str:
-        return "".join(self._pieces)
+        return "".join(self.pieces)
 
 
 class Normalizer:
@@ -700,22 +826,32 @@ class Normalizer:
         self._quote = ""                            # ... and its markers, as its first line wrote them
         self._all_quoted = True                     # every line so far began with ">"
         self._json_buf = ""                         # a JSON log line being put back together
+        self._json_pieces: list[str] = []           # ... and its pieces, as wrapped
+        self._cut_head: tuple[str, int] | None = None      # a line that began like a carrier's prefix, cut
         self._partial: dict[str | None, _Pieces] = {}      # CRI partial lines being joined, by stream
+        self._cri_cuts: Counter[int] = Counter()            # ... their lengths (the kubelet's cut, mostly)
         # order of a time-stamped log: None unknown, "in" oldest first, "newest" newest first
         self._order: str | None = None
         self._held: list[list[tuple[str, int, str | None]]] = []   # entries: their (text, width, carried) lines
         self._last_ts: tuple[int, ...] | None = None
         self._desc = 0
         # wrapped lines
-        # a record that may go on in the next line: (its text so far, its head's message, read already,
-        # folded, the line as its carrier printed it)
-        self._pending: tuple[str, str, bool, bool, str | None] | None = None
+        # the records that may go on in the next line, read as a terminal's wrap and as an editor's
+        self._pending: tuple[_Chain | None, _Chain | None] | None = None
         self._prev_width = 0
+        self._prev_raw = ""
+        self._soft_before = ""                      # the record before, read as an editor's wrap
+        self._breaks: list[tuple[int, int, int, int, bool]] = []    # where lines may have been broken
+        self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
         self._max_width = 0
         self._at_max = 0
         self._at_max_text = ""
         self._hard_seen = 0                         # lines that went on after one as wide as the widest
         self._soft_seen = 0                         # ... after one a word short of it
+        self._spaced_cuts = 0                       # ... the first with a space at the cut
+        self._spaced_end = False                    # a line as wide as the widest ended in a space
+        self._dropped_seen = 0                      # ... a line that wide, the space after it dropped
+        self._cuts_seen: set[tuple[int, int]] = set()   # the full lines' breaks counted (words' lengths)
         self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
         if live:
             self._order = "in"
@@ -785,11 +921,15 @@ class Normalizer:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
         out: list[Record] = []
         self._out = out
+        if self._cut_head is not None:
+            head, head_width = self._cut_head
+            self._cut_head = None
+            self._ordered(head, head_width, None, None)
         if self._json_buf:
-            rest, self._json_buf = self._json_buf, ""
+            rest = self._json_joined()[0]
             self._ordered(rest, len(rest), None, None)
         for stream in list(self._partial):
-            rest = self._partial.pop(stream).text()
+            rest = self._partial_text(self._partial.pop(stream))
             self._carried(rest, _WRAP_MAX + 1, rest)
         if self._held:
             if self._order is None:
@@ -820,18 +960,44 @@ class Normalizer:
         seg = self._dedent(seg)
         width = len(seg)
         c = seg[:1]
+        if self._json_buf and ((len(self._json_pieces[-1]) < _SOFT_MIN and _starts_record(seg))
+                               or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
+            # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
+            # pieces have any width): this line begins a record of its own, or is a JSON line whole
+            before = len(self._json_pieces[-1])
+            self._ordered(self._json_joined()[0], before, None, None)
         if self._json_buf or (c == "{" and seg[:2] == '{"' and not _json_closed(seg)):
-            # a JSON log line the terminal wrapped: its pieces until the object closes. Every piece but the
-            # last is as wide as the terminal, so a narrower one that leaves it open ends it, and only a
-            # piece that ends in a brace can close it: a run of lines that never closes costs a parse per
-            # brace-ended piece of a wrap's width, not one per line of the whole run
+            # a JSON log line a terminal or an editor wrapped: its pieces until the object closes. Every
+            # piece of a terminal's but the last is as wide as the terminal, so a narrower one that ends in a
+            # brace and leaves it open ends it, and only a piece that ends in a brace can close it: a run of
+            # lines that never closes costs a parse per brace-ended piece of a wrap's width, not one per line
+            # of the whole run
             self._json_buf += seg
-            if (len(seg) >= _WRAP_MIN and len(self._json_buf) < _JSON_WRAP_CAP
-                    and not (seg.rstrip()[-1:] == "}" and _json_closed(self._json_buf))):
+            if self._json_pieces:      # what the break says of how the paste was wrapped (see _wrap)
+                self._judge_break(self._json_pieces[-1], len(self._json_pieces[-1]), seg)
+            self._json_pieces.append(seg)
+            self._note_width(len(seg), seg, _one_word(seg))
+            braced = seg.rstrip()[-1:] == "}"
+            if (len(self._json_buf) < _JSON_WRAP_CAP and (len(seg) >= _SOFT_MIN or not braced)
+                    and not (braced and _json_closed(self._json_buf))):
                 return
-            seg, self._json_buf = self._json_buf, ""
+            seg, other = self._json_joined()
             c = "{"
-        if not c or (c in "DIWEC(" and _FAST.match(seg)):     # the fast path: vLLM's own line
+            if other is not None:
+                # how the paste was wrapped is not known yet: the line read both ways, the likelier first
+                if self._with_header(seg, other) is other:
+                    seg, other = other, seg
+                ways = [(one, strip_carriers(one)) for one in (seg, other)]
+                if all(p.carriers and not p.partial and not guard_own(one) and not guard_own(p.text)
+                       for one, p in ways):
+                    self.carriers[ways[0][1].carriers[0]] += 1
+                    for one, p in _both_ways(ways):     # (one line: its time as the likelier reading has it)
+                        self._ordered(p.text, width, one, ways[0][1].ts)
+                    return
+        if self._cut_head is not None:
+            seg, width = self._rest_of_prefix(seg, width)
+            c = seg[:1]
+        if (not c or (c in "DIWEC(" and _FAST.match(seg))) and not self._partial:   # the fast path: vLLM's own line
             self._ordered(seg, width, None, None)
             return
         if guard_own(seg):
@@ -839,8 +1005,18 @@ class Normalizer:
             return
         p = strip_carriers(seg)
         if not p.carriers:
-            if self._partial:          # the terminal's wrap of a partial line of a CRI file
-                self._partial[next(reversed(self._partial))].add(seg)
+            if self._partial:          # a terminal's or an editor's wrap of a partial line of a CRI file
+                joined = self._partial[next(reversed(self._partial))]
+                self._note_width(width, seg, _one_word(seg))
+                self._judge_break(joined.last, joined.width, seg)
+                # after the carrier's prefix alone, the rest of its line: the space dropped there was the
+                # carrier's own, and what the kubelet cut before goes on here
+                joined.add(seg, width, wrap=not joined.bare)
+                return
+            if not self._long_seen and _PREFIX_START.match(seg):
+                # a carrier's time stamp, the rest of its prefix wrapped onto the next line (a paste narrower
+                # than the prefix): held for that line
+                self._cut_head = (seg, width)
                 return
             self._ordered(seg, width, None, None)
             return
@@ -849,15 +1025,156 @@ class Normalizer:
             self.guard_lines += 1
             return
         self.carriers[p.carriers[0]] += 1
+        if self._partial:
+            for stream, ended in list(self._partial.items()):
+                if ended.closing:               # its last piece, wrapped onto the lines before this one
+                    del self._partial[stream]
+                    self._partial_done(ended, ended.width, ended.ts)
         if p.partial or p.stream in self._partial:
-            joined = self._partial.pop(p.stream, None) or _Pieces()
-            joined.add(text)
-            if p.partial:
-                self._partial[p.stream] = joined        # (the stream last written to is the last one)
+            joined = self._partial.pop(p.stream) if p.stream in self._partial else _Pieces()
+            self._note_width(width, seg, False)
+            joined.add(text, width, entry=True)
+            if p.partial or (not text and joined.last):
+                # (the stream last written to is the last one); a last piece with its prefix alone on the
+                # line: its text is on the lines that follow, up to the carrier's next line
+                self._partial[p.stream] = joined
+                joined.closing, joined.ts = not p.partial, p.ts
                 return
-            self._ordered(joined.text(), width, "", p.ts)     # carried, but no longer one line of it
+            self._partial_done(joined, width, p.ts)
             return
         self._ordered(text, width, seg, p.ts)
+
+    def _reads_soft(self) -> bool:
+        """The paste reads as an editor's wrap, known or likelier so far (see :meth:`_mode`): a terminal's
+        wrap leaves a short line that goes on far more rarely than an editor's fills a line to the width, so
+        a short one weighs more (about 3 to 2); with nothing seen, or as much of each, a terminal's (the
+        likelier paste)."""
+        mode = self._mode()
+        return mode == "soft" or (mode is None and 3 * self._soft_seen > 2 * self._hard_seen + 1)
+
+    def _dropped_space(self, width: int, last: str, first: str, alone: bool = False) -> bool:
+        """A line ``width`` wide (as printed) ending in the word ``last``, its wrap going on with ``first``,
+        as an editor wrapped it: broken at a space it dropped, not inside a word (see :meth:`_wrap`)."""
+        return bool(last and first) and not _in_word(last, first, width == self._max_width, self._max_width, alone)
+
+    def _partial_done(self, joined: _Pieces, width: int, ts: str | None) -> None:
+        """A CRI file's partial lines, the line whole: read as the paste's wrap reads (while it is not known,
+        the reading that gives a record vLLM's log header where the other does not, else the likelier one:
+        what wraps it next goes on with the one record)."""
+        soft = self._reads_soft()
+        text = self._partial_text(joined, soft=soft)
+        if self._mode() is None and joined.wraps:
+            text = self._with_header(text, self._partial_text(joined, soft=not soft))
+        self._ordered(text, width, "", ts)     # carried, but no longer one line of it
+
+    def _with_header(self, likelier: str, other: str) -> str:
+        """Of a line read two ways, the one where vLLM's log header is whole (a wrap cut into it in the
+        other; in any case), else the likelier."""
+        def headed(text: str) -> bool:
+            body = strip_carriers(text).text
+            return strip_header(self._recase.level(body) if folded(body) else body)[1] != Level.RAW
+        return other if headed(other) and not headed(likelier) else likelier
+
+    def _partial_text(self, joined: _Pieces, soft: bool | None = None) -> str:
+        """A CRI file's partial lines put together: the kubelet's pieces glued, a wrap's after the space an
+        editor dropped (``soft``: read so, or not; None: as the paste's wrap reads, decided once the line is
+        whole, when the paste has said more of it). The kubelet cuts every partial line at one length: one
+        a character short of it (where the paste was wrapped) lost the space it ended in, dropped by the
+        editor with the end of its line."""
+        if not joined.wraps:
+            return joined.text()
+        pieces = list(joined.pieces)
+        soft = self._reads_soft() if soft is None else soft
+        for i, width, last in joined.wraps:
+            piece = pieces[i]
+            if soft and self._dropped_space(width, last, piece.split(None, 1)[0] if piece.strip() else "",
+                                            pieces[i - 1].strip() == last):
+                pieces[i] = " " + piece
+        bounds = [*joined.entries, len(pieces)]
+        sizes = [sum(map(len, pieces[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)][:-1]
+        if len(self._cri_cuts) < 64:
+            self._cri_cuts.update(sizes)
+        cut, seen = self._cri_cuts.most_common(1)[0] if self._cri_cuts else (0, 0)
+        for k, size in enumerate(sizes):
+            a, b = bounds[k], bounds[k + 1]
+            # (while the length is not known, one seen once: where a space reads well between the pieces)
+            if b > a and (size == cut - 1 if seen > 1 else b < len(pieces)
+                          and self._space_reads(pieces[b - 1], pieces[b]) == 2):
+                # ... or began with, dropped with the prefix's own space: where a space reads likelier (none
+                # where it would split a number: the character lost was a space inside, two where one is)
+                end = self._space_reads(pieces[b - 1], pieces[b]) if b < len(pieces) else 1
+                start = self._space_reads(pieces[a - 1], pieces[a]) if k in joined.bared and a > 0 else -1
+                if start > end:
+                    pieces[a] = " " + pieces[a]
+                elif end > 0:
+                    pieces[b - 1] += " "
+        final = len(bounds) - 2         # the line's last piece (its length not the kubelet's): its prefix alone
+        a = bounds[final] if final >= 0 else 0
+        if (final in joined.bared and 0 < a < len(pieces) and not pieces[a - 1].endswith(" ")
+                and self._space_reads(pieces[a - 1], pieces[a]) == 2):
+            pieces[a] = " " + pieces[a]     # on its line, and a space reads well before what followed
+        return "".join(pieces)
+
+    def _space_reads(self, before: str, after: str) -> int:
+        """How well a space reads between the end of ``before`` and the start of ``after``: 2 after a comma
+        or a colon (before a word, a quote or a bracket: a repr's ``: {``) or between two words of vLLM's
+        messages, 0 inside a number, 1 otherwise."""
+        last = before.rsplit(None, 1)[-1] if before.strip() else ""
+        first = after.split(None, 1)[0] if after.strip() else ""
+        if not last or not first:
+            return 1
+        if last[-1] in ",;:." and (first[0].isalpha() or first[0] in "([{"):
+            return 2
+        if last[-1].isalpha() and first[0].isalpha() and self._two_words(last, first):
+            return 2
+        digits = last[-1].isdigit() or last[-1] == "."
+        return 0 if digits and (first[0].isdigit() or first[0] == ".") else 1
+
+    def _rest_of_prefix(self, seg: str, width: int) -> tuple[str, int]:
+        """The line after one that began like a carrier's prefix (held in ``_cut_head``): with it, the
+        carrier's line whole (put together as the paste's wrap reads: an editor's dropped space, a
+        terminal's cut), or, when it makes none, the held line as it was and this one next."""
+        head, head_width = self._cut_head or ("", 0)
+        self._cut_head = None
+        ways = [head.rstrip() + " " + seg.lstrip(), head + seg]
+        if not self._reads_soft():
+            ways.reverse()
+        for line in ways:
+            if strip_carriers(line).carriers:
+                self._note_width(head_width, head, _one_word(head))
+                self._judge_break(head, head_width, seg)
+                self._note_width(width, seg, _one_word(seg))
+                return line, width      # (its pieces noted: wider than either, it says nothing of the wrap)
+        self._ordered(head, head_width, None, None)
+        return seg, width
+
+    def _json_joined(self) -> tuple[str, str | None]:
+        """The wrapped JSON log line whole again: its pieces glued where a terminal cut them (every piece but
+        the last as wide as the terminal), or, where an editor broke it at words (pieces of several widths,
+        as the log's other wrapped lines showed), joined with the space it dropped, glued only where it
+        broke inside a word (see :meth:`_wrap`); glued when it would not parse otherwise. While the wrap is
+        not known, both: (the likelier, the other); else (the one, None)."""
+        glued, pieces = self._json_buf, self._json_pieces
+        self._json_buf, self._json_pieces = "", []
+        if len(pieces) < 2:
+            return glued, None
+        undecided = self._mode() is None
+        soft = self._reads_soft()
+        if not undecided and not soft:
+            return glued, None
+        w = max(self._max_width, *(len(p) for p in pieces[:-1]))
+        out = [pieces[0]]
+        for before, piece in zip(pieces, pieces[1:], strict=False):
+            last = before.rsplit(None, 1)[-1] if before.strip() else ""
+            first = piece.split(None, 1)[0] if piece.strip() else ""
+            out.append(piece if _in_word(last, first, len(before) == w, w, before.strip() == last)
+                       else " " + piece.lstrip())
+        spaced = "".join(out)
+        if not _json_closed(spaced) and _json_closed(glued):
+            return glued, None
+        if undecided and spaced != glued:
+            return (spaced, glued) if soft else (glued, spaced)
+        return spaced if soft else glued, None
 
     def _unquote(self, seg: str) -> str:
         """Take off a markdown quote's markers, as the quote's first record wrote them (``> `` or ``>``,
@@ -949,7 +1266,10 @@ class Normalizer:
         if self._desc:
             self._order, self.newest_first = "newest", True
             return
-        lines = ["".join(text for text, _, _ in entry).lower() for entry in self._held]   # an entry: wrap pieces too
+        # an entry: its wrap pieces too, put together as a terminal cut them and as an editor broke them
+        lines = ["".join(text for text, _, _ in entry).lower() + ("\n" + " ".join(text for text, _, _ in entry).lower()
+                                                                  if len(entry) > 1 else "")
+                 for entry in self._held]
         natural = backwards = 0
         stamps = [m.group(1) for m in map(_VLLM_TIME.search, lines) if m]   # vLLM's own header times
         for a, b in zip(stamps, stamps[1:], strict=False):
@@ -1018,28 +1338,104 @@ class Normalizer:
             pieces.append(carry)
         return pieces
 
-    def _note_width(self, width: int, text: str) -> None:
+    def _note_width(self, width: int, text: str, word: bool = False) -> None:
+        """``word``: the line is one word alone (no space in it): an editor leaves a word longer than its
+        width whole on a line of its own, so such a line says nothing of the width, nor rules a wrap out."""
+        if word:
+            return
         if width > _WRAP_MAX:
             self._long_seen = True
             return
         if width > self._max_width:
             self._max_width, self._at_max, self._at_max_text = width, 1, text
+            self._recount()
         elif width == self._max_width and text != self._at_max_text:
             self._at_max += 1
             self._at_max_text = text
+            if self._at_max == 2:
+                self._recount()
+
+    def _recount(self) -> None:
+        """The breaks seen so far judged again against the widest line (one wider than those before
+        makes a line that looked as wide as the widest one that ended short)."""
+        self._hard_seen = self._soft_seen = self._spaced_cuts = self._dropped_seen = 0
+        self._cuts_seen.clear()
+        for brk in self._breaks:
+            self._judge(*brk)
+
+    def _two_words(self, last: str, first: str) -> bool:
+        """The end of ``last`` and the start of ``first`` are two words of vLLM's messages (the rules' own
+        phrases) and together none: the space between them was there."""
+        if self._words is None:
+            cased = {w for phrases in self._recase._by_word.values() for _, p in phrases for w in _WORD.findall(p)}
+            self._words = frozenset(w.lower() for w in cased) | cased
+        a = _WORD.findall(last)
+        b = _WORD.findall(first)
+        if not a or not b:
+            return False
+        a_, b_ = a[-1].lower(), b[0].lower()    # (a letter alone is no word: "1.10x", "x86")
+        # together, a word only as vLLM prints it ("APIServer": "API server" is two)
+        return (len(a_) > 1 and len(b_) > 1 and a_ in self._words and b_ in self._words
+                and a[-1] + b[0] not in self._words)
+
+    def _judge(self, pw: int, first: int, last: int, junction: int, spaced: bool) -> None:
+        """What a line ``pw`` wide, then one that may go on with it (``first``: its first word's length,
+        ``last``: the last word's before; ``junction``: :data:`_HYPHEN` after a hyphen, :data:`_PUNCT` where
+        a space was: after a comma, semicolon or colon right before a letter, or between two words that are
+        none together; ``spaced``: a space at the break, the end of the one or the start of the other), say of
+        how the log was wrapped."""
+        w = self._max_width
+        if pw == w >= _WRAP_MIN:
+            if junction == _PUNCT and not spaced:
+                # text puts a space after a comma (and between words): a terminal cuts there only where the
+                # text had none
+                self._soft_seen += 1
+                self._dropped_seen += 1
+            elif (not (junction == _HYPHEN or last + first > w) and self._at_max >= 2
+                    and (first, last) not in self._cuts_seen):
+                # a terminal's cut (or an editor's line that filled the width); lines that begin alike (one
+                # process's prefix and header) are broken alike, and say it once
+                self._cuts_seen.add((first, last))
+                self._hard_seen += 1
+                self._spaced_cuts += spaced      # ... a terminal's: an editor drops the space it breaks at
+        elif pw < w < pw + 1 + first and not spaced:
+            self._soft_seen += 1         # the next word would not have fit: an editor broke there
+
+    def _judge_break(self, before: str, width: int, line: str) -> tuple[str, str, bool]:
+        """Note the break between the line ``before`` (``width`` wide as printed) and ``line``, which may go
+        on with it (see :meth:`_judge`): the words on each side, and whether a hyphen ends the one."""
+        first = line.split(None, 1)[0] if line.strip() else ""
+        last = before.rsplit(None, 1)[-1] if before.strip() else ""
+        hyphen = _hyphen_break(last, first)
+        # (a bracket after a colon is a repr's ``: {``; a quote there may be compact JSON's ``":"``)
+        junction = (_HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":")
+                    and (first[:1].isalpha() or first[:1] in "([{") else 0)
+        if not junction and last[-1:].isalpha() and first[:1].isalpha() and self._two_words(last, first):
+            junction = _PUNCT
+        brk = (width, len(first), len(last), junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
+        if len(self._breaks) < _BREAKS_KEPT:
+            self._breaks.append(brk)
+        self._judge(*brk)
+        return first, last, hyphen
 
     def _mode(self) -> str | None:
         """How the log is known to be wrapped: ``hard`` (a terminal: cut mid-word at one width, every
         piece but a record's last that wide), ``soft`` (an editor: at words, a line ending before the
         width when the next word would not fit), None while not known (or not wrapped: a line wider
         than any wrap was seen)."""
-        if self._long_seen or self._max_width < _WRAP_MIN:
+        if self._long_seen or self._max_width < _SOFT_MIN:
             return None
-        if self._at_max >= 2 and self._hard_seen >= 2 * self._soft_seen:
+        hard, soft = self._hard_seen, self._soft_seen
+        # lines as wide as the widest that go on: a terminal's, unless as many ended short; a space at a cut
+        # (or at the end of a line as wide as the widest) is a terminal's, as an editor drops the space it
+        # breaks at; else, beside one that ended short, two full lines may be an editor's that filled them
+        if self._at_max >= 2 and hard >= 2 * soft and (self._spaced_cuts or self._spaced_end or hard >= 2 + bool(soft)):
             return "hard"
         # a line exactly as wide as the widest goes on in an editor's wrap too (it filled the line),
-        # but a terminal never leaves one short that goes on: as many short as full ones is an editor's
-        if self._soft_seen >= 3 and self._soft_seen >= self._hard_seen:
+        # but a terminal rarely leaves one short that goes on: as many short as full ones is an editor's,
+        # and so are two short beside at most one full, or more short than full where a full one dropped
+        # the space after a comma or between two words (a terminal keeps it)
+        if soft >= 3 and soft >= hard or soft >= 2 and 3 * soft >= 2 * hard + 4 or self._dropped_seen and soft > hard:
             return "soft"
         return None
 
@@ -1048,60 +1444,132 @@ class Normalizer:
         return self._mode() is not None
 
     def _wrap(self, raw: str, width: int, carried: str | None, low: bool) -> None:
-        """Re-join hard-wrapped lines: a line with no header, process tag or carrier of its own, after
-        a line as wide as the log's widest (mid-word) or nearly (at a word), continues it. The joined
-        text is read as one line (its log header, cut by the wrap, is whole again)."""
+        """Re-join wrapped lines. A line with no header, process tag or carrier of its own may continue
+        the line before it, in one of two ways, each a reading of the log until it says which it is
+        (:meth:`_mode`):
+
+        - a terminal's wrap (``hard``): the line before is as wide as the log's widest, cut there
+          mid-word: the two are glued;
+        - an editor's or a mail client's (``soft``: ``fold -s``, textwrap, format=flowed): the line before
+          ended at a word because this line's first word would not have fit on it, and the space there
+          was dropped: the two are joined with a space, or glued where the editor broke inside a word
+          (after a hyphen, or a word longer than the width cut at it: the line before exactly as wide,
+          the two halves together longer than the width). A word longer than the width left whole
+          stands on a line of its own, wider than the width (:meth:`_note_width`).
+
+        While the mode is not known, each line comes out as it is and each reading's record again as it
+        grows (the likelier first); once known, a record comes out once, whole. The joined text is read
+        as one line (its log header, cut by the wrap, is whole again)."""
+        if self._long_seen:                  # not wrapped (a line wider than any wrap): each line a record
+            if self._pending is not None:
+                self._flush_pending()
+            self._out.append(self._record(raw))
+            return
         text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
-        self._note_width(width, text)
+        if carried is None or len(carried) == width:    # (a line a carrier's joining put together: its pieces were)
+            self._note_width(width, text, _one_word(carried or raw))
+            if width == self._max_width >= _WRAP_MIN and self._at_max >= 2 and raw[-1:] in (" ", "\t"):
+                self._spaced_end = True     # a terminal cut this line after a space (an editor drops it)
         maybe = not self._long_seen
-        mode = self._mode()
-        confirmed = mode is not None
         w = self._max_width
         out = self._out
-        if self._pending is not None:
-            praw, ptext, done, plow, pline = self._pending
+        pending = self._pending
+        hard: _Chain | None = None           # the record of each reading this line goes on
+        soft: _Chain | None = None
+        stripped = text.lstrip()
+        if (maybe and stripped and self._prev_width and level == Level.RAW and proc is None and rank is None
+                and carried is None and not _begins_record(stripped, low)
+                # a log header begins a record of its own (its file and line cut off onto the next line),
+                # unless it goes on with the process tag of vLLM's that the line before ended in; so does a
+                # carrier's prefix the wrap cut short
+                and not (stripped[:1] in "DIWECdiwec" and _HEADER_START.match(stripped)
+                         and not _TAG_END.search(self._prev_raw[-120:]))
+                and not _CUT_PREFIX.match(stripped)):
+            # maybe the rest of the line before: how it would have been cut there, and what that says
             pw = self._prev_width
-            stripped = text.lstrip()
-            goes_on = (maybe and level == Level.RAW and proc is None and rank is None and carried is None
-                       and not _begins_record(stripped, low))
-            first = len(stripped.split(" ", 1)[0])
-            if goes_on and pw == w >= _WRAP_MIN:
-                self._hard_seen += 1
-            elif goes_on and 60 <= pw >= w - 20 and pw + 1 + first > w and raw[:1] not in (" ", "\t"):
-                self._soft_seen += 1        # the next word would not have fit: an editor broke there
-            mode = self._mode()
-            confirmed = mode is not None
-            # cut at the width mid-word (a terminal), or at a word near it (an editor: the space dropped)
-            exact = pw == w and pw >= _WRAP_MIN and mode != "soft"
-            soft = (not exact and mode != "hard" and 60 <= pw >= w - 20 and raw[:1] not in (" ", "\t"))
-            if (goes_on and (exact or soft)
-                    and not (_EXC_ANY_CASE.match(text) and _ends_a_frame(praw))   # the exception under a traceback
-                    and (exact or not ptext.startswith("    "))):
-                if pline:                 # the carrier's prefix itself may be what the wrap cut
-                    pline = (pline + raw if exact else pline.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
-                    joined = strip_carriers(pline).text
-                else:
-                    joined = (praw + raw if exact else praw.rstrip() + " " + raw.lstrip())[:_JOIN_CAP]
-                self._pending = (joined, ptext, done and not confirmed, plow and low, pline)
-                # maybe a continuation, maybe a record of its own: read it both ways until the log
-                # is known to be wrapped
-                if not confirmed:
-                    out.append(self._record(raw, low))
-                    out.append(self._record(joined, plow and low)._replace(joined=True))
-                self._prev_width = width
-                return
-            self._flush_pending()
-        if maybe and width >= _WRAP_MIN and (width == w or 60 <= width >= w - 20):
-            self._pending = (raw, text, not confirmed, low, carried)
-            if not confirmed:
-                out.append(self._record(raw, low))
-        else:
+            first, last, hyphen = self._judge_break(self._prev_raw, pw, raw)
+            indented = raw[:1] in (" ", "\t")          # an editor drops the space it broke at
+            if pending is not None:
+                mode = self._mode()
+                exact = pw == w >= _WRAP_MIN
+                ph, ps = pending
+                if ph is not None and exact and mode != "soft" and not _under_frame(text, ph[0]):
+                    hard = self._joined(ph, raw, "", low, mode is not None)
+                glue = _in_word(last, first, exact, w, self._prev_raw.strip() == last)
+                if ps is not None and not indented and mode != "hard":
+                    # a log header alone on its line: its message was put on the next, after a space of
+                    # any width (the message's indentation went with it: a traceback logged line by line)
+                    head = strip_header(self._recase.level(ps[0]) if ps[3] else ps[0]) if len(ps[0]) < 200 else None
+                    bare = head is not None and not head[0].strip()
+                    if ((bare or pw + _gap(self._prev_raw) + len(first) > w) and not _under_frame(text, ps[0])
+                            # after a whole frame only the rest of its function's name, cut at the width
+                            and (not _whole_frame(ps[0]) or glue and _NAME_REST.fullmatch(first))):
+                        # (after a carrier's prefix or a process tag alone, the space dropped was theirs)
+                        header = bare and head is not None and head[1] != Level.RAW
+                        sep = "" if glue else " " + _SOURCE_INDENT * (header and self._source_next(stripped))
+                        soft = self._joined(ps, raw, sep, low, mode is not None)
+        if pending is not None:
+            # a record neither reading goes on with ends here
+            for chain, goes in zip(pending, (hard, soft), strict=True):
+                if chain is not None and goes is None and not chain[2]:
+                    out.append(self._record(chain[0]))
+            if pending[1] is not None and soft is None:
+                self._soft_before = pending[1][0]
+        mode = self._mode()
+        confirmed = mode is not None
+        joined_hard, joined_soft = hard is not None, soft is not None
+        if mode == "soft":
+            hard = None
+        elif mode == "hard":
+            soft = None
+        if maybe:                            # this line may be the head of a wrapped record
+            if hard is None and mode != "soft" and width == w >= _WRAP_MIN:
+                hard = (raw, raw, not confirmed, low, carried)
+            if soft is None and mode != "hard":
+                soft = (raw, raw, not confirmed, low, carried)
+        if not confirmed or (hard is None and soft is None):
             out.append(self._record(raw))
+        if not confirmed:                    # maybe a continuation, maybe a record of its own: both ways
+            ways = [chain[0] for chain, joined in ((hard, joined_hard), (soft, joined_soft))
+                    if chain is not None and joined]
+            if self._reads_soft():
+                ways.reverse()
+            for way in _both_ways(ways):
+                out.append(self._record(way)._replace(joined=True))
+        self._pending = (hard, soft) if hard is not None or soft is not None else None
         self._prev_width = width
+        self._prev_raw = raw
+
+    def _source_next(self, message: str) -> bool:
+        """An editor put a record's ``message`` on the line after its log header, and the record before
+        was a traceback's frame: unless it is the traceback's exception line, the message is that frame's
+        source line, and its indentation went with the space the editor dropped."""
+        return not _RAISED_ANY_CASE.match(message) and _whole_frame(self._soft_before)
+
+    def _joined(self, chain: _Chain, raw: str, sep: str, low: bool, confirmed: bool) -> _Chain:
+        """``chain``, a record so far, gone on in the line ``raw``: glued to it (``sep`` ""), or with the
+        space (and indentation) an editor dropped."""
+        text, head, done, plow, line = chain
+        if line:                 # the carrier's prefix itself may be what the wrap cut
+            line = (line + raw if not sep else line.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
+            joined = strip_carriers(line).text
+        else:
+            joined = (text + raw if not sep else text.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
+            if line is None and text is head and text[:1] not in _NO_CARRIER:
+                # the first line was a carrier's prefix the wrap cut short (narrower than the prefix): whole
+                # again, it is one
+                p = strip_carriers(joined)
+                if p.carriers:
+                    self.carriers[p.carriers[0]] += 1
+                    return (p.text, head, done and not confirmed, plow and low, joined)
+        return (joined, head, done and not confirmed, plow and low, line)
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
-            raw, _, done, low, _ = self._pending
+            ph, ps = self._pending
             self._pending = None
-            if not done:
-                self._out.append(self._record(raw, low))
+            for chain in (ph, ps):
+                if chain is not None and not chain[2]:
+                    self._out.append(self._record(chain[0]))
+            if ps is not None:
+                self._soft_before = ps[0]

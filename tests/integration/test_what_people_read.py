@@ -151,9 +151,21 @@ def test_status_ps_history_logs_and_systemd_read_as_a_person_reads_them(served, 
     # -- status --watch: the same view again and again until Ctrl-C, which exits 0 --
     watch = subprocess.Popen([sys.executable, "-m", "supervisor", "status", "--watch", "0.5"], env=person,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    frames: list[str] = []
+
+    def read() -> None:                  # the view as it comes, until the third frame is drawn
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            frames.append(line)
+            if sum("state      healthy: launch 2 serving for" in f for f in frames) >= 3:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(30)                      # three frames at 0.5 s apart: a loaded machine's start-up included
     watch.send_signal(signal.SIGINT)
-    out, err = watch.communicate(timeout=20)
+    rest, err = watch.communicate(timeout=20)
+    out = "".join(frames) + rest
     assert watch.returncode == 0, err
     assert out.count("state      healthy: launch 2 serving for") >= 3, out
 

@@ -5,7 +5,9 @@ Every failure row's log of the catalogue (``tests/fakes/vllm_logs.py``, built fr
 ways people ship and paste logs, each a hypothesis strategy (:data:`TRANSFORMS`): the prefixes of the
 carriers (journald's output modes, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray,
 cloud consoles and JSON log lines, rendered from those tools' documented formats, below, not from the
-guard's code), a terminal's hard wrap at 60 to 160 columns, markdown quotes, indentation, lower case,
+guard's code), a terminal's hard wrap at 60 to 160 columns, an editor's or a mail client's wrap at
+words at 40 to 300 (the standard library's textwrap: the space dropped at each break, a word longer than
+the width cut or left whole, hyphenated words broken or not), markdown quotes, indentation, lower case,
 a paste that starts late or stops early, a console that lists newest first, and compositions of them.
 A failure keeps its kind and its numbers; a healthy log stays healthy (or ``incomplete``, when the cut
 took its serving lines). A new way to paste is one strategy here.
@@ -17,6 +19,7 @@ import datetime as dt
 import json
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -178,6 +181,23 @@ def _wrap(width: int) -> Paste:
     return Paste(f"hard wrap at {width}", fn, 4)
 
 
+def _word_wrap(width: int, break_long_words: bool, break_on_hyphens: bool) -> Paste:
+    """An editor's or a mail client's wrap (``fold -s``, vim's ``gq``, format=flowed): each line longer than
+    the width broken at its last space that fits, the space dropped at the break (a word longer than the
+    width cut at the width, or left whole on a line of its own, longer than the width; optionally broken
+    after a hyphen). The standard library's textwrap is that wrapper; lines that fit are left as typed."""
+    wrapper = textwrap.TextWrapper(width=width, break_long_words=break_long_words,
+                                   break_on_hyphens=break_on_hyphens, expand_tabs=False, replace_whitespace=False)
+
+    def fn(lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            out += (wrapper.wrap(line) or [""]) if len(line) > width else [line]
+        return out
+    how = ("long words cut" if break_long_words else "long words whole") + (", at hyphens" if break_on_hyphens else "")
+    return Paste(f"word wrap at {width} ({how})", fn, 4)
+
+
 def _quote(marker: str) -> Paste:
     return Paste(f"quoted with {marker!r}", lambda lines: [marker + ln if ln else marker.rstrip() for ln in lines], 5)
 
@@ -199,6 +219,8 @@ INDENTS = ["    ", "  ", "\t", "        "]      # a code block, a list item's pa
 
 TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "wrap": st.integers(min_value=60, max_value=160).map(lambda w: [_wrap(w)]),
+    "word-wrap": st.builds(_word_wrap, st.integers(min_value=40, max_value=300), st.booleans(),
+                           st.booleans()).map(lambda p: [p]),
     "carrier": st.sampled_from(sorted(CARRIER_LINES)).map(lambda n: [_carrier(n)]),
     "cri-partial": st.just([Paste("CRI partial lines", _cri_partial, 2)]),
     "quote": st.sampled_from(QUOTES).map(lambda q: [_quote(q)]),
@@ -234,7 +256,7 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
     chosen = names or tuple(draw(st.lists(st.sampled_from(sorted(TRANSFORMS) + ["head", "tail"]), min_size=1,
                                           max_size=4, unique=True)))
     out: list[Paste] = []
-    carried = False
+    carried = wrapped = False
     for name in chosen:
         if name == "head":
             out.append(_cut_head(case, draw(st.integers(min_value=0, max_value=max(0, case.start)))))
@@ -242,7 +264,7 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             cut = _cut_tail(case, draw(st.integers(min_value=0, max_value=3)))
             if cut is not None:
                 out.append(cut)
-        elif case.name in PRE_WRAPPED and name in ("carrier", "cri-partial", "newest-first", "wrap"):
+        elif case.name in PRE_WRAPPED and name in ("carrier", "cri-partial", "newest-first", "wrap", "word-wrap"):
             continue
         elif case.name in PRE_QUOTED and name in ("quote", "indent"):
             continue
@@ -250,6 +272,10 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if not carried:
                 out += draw(TRANSFORMS[name])
                 carried = True
+        elif name in ("wrap", "word-wrap"):       # a paste is wrapped once: by a terminal or by an editor
+            if not wrapped:
+                out += draw(TRANSFORMS[name])
+                wrapped = True
         else:
             out += draw(TRANSFORMS[name])
     return out
@@ -333,6 +359,57 @@ def test_compositions_of_pastes_keep_a_healthy_log_healthy(data: st.DataObject) 
     case = data.draw(st.sampled_from(HEALTHY + FIXTURE_HEALTHY), label="case")
     ps = [p for p in data.draw(pastes(case), label="pastes") if p.drops != "tail"]
     _check_healthy(case, ps)
+
+
+# --------------------------------------------------------------------------- wrapped at words, composed
+#: what else a paste wrapped at words went through (any of them, in the order a log travels)
+_WITH_WORD_WRAP = st.lists(st.sampled_from([n for n in sorted(TRANSFORMS) + ["head", "tail"] if n not in
+                                            ("wrap", "word-wrap")]), max_size=3, unique=True)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_compositions_with_a_paste_wrapped_at_words_keep_a_failures_kind_and_numbers(data: st.DataObject) -> None:
+    # every composition holds an editor's wrap: behind a carrier's prefix (cut short by a narrow wrap, or its
+    # JSON line or CRI partial lines broken at words), quoted, indented, lower case, cut, newest first
+    case = data.draw(st.sampled_from(FAILURES + FIXTURE_FAILURES), label="case")
+    names = ("word-wrap", *data.draw(_WITH_WORD_WRAP, label="with"))
+    _check_failure(case, data.draw(pastes(case, names), label="pastes"))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_compositions_with_a_paste_wrapped_at_words_keep_a_healthy_log_healthy(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(HEALTHY + FIXTURE_HEALTHY), label="case")
+    names = ("word-wrap", *data.draw(_WITH_WORD_WRAP, label="with"))
+    _check_healthy(case, [p for p in data.draw(pastes(case, names), label="pastes") if p.drops != "tail"])
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIER_LINES))
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          phases=NO_SHRINK)
+@given(data=st.data())
+def test_every_carrier_with_a_paste_wrapped_at_words_keeps_the_messages(carrier: str, data: st.DataObject) -> None:
+    # a prefix wider than a narrow wrap is cut (at its spaces, or inside it), and the time stamp that orders
+    # a console's entries is on a line of its own: each carrier, a share of the catalogue's messages
+    k = sorted(CARRIER_LINES).index(carrier)
+    ww = data.draw(TRANSFORMS["word-wrap"], label="word wrap")
+    for cases in list(_BY_ROW.values())[k % 8::8]:
+        _check_failure(cases[k % len(cases)], [_carrier(carrier), *ww])
+
+
+@pytest.mark.parametrize("width", [40, 300])
+def test_every_catalogue_message_wrapped_at_words_at_the_narrowest_and_widest_width_keeps_its_kind_and_numbers(
+        width: int) -> None:
+    """The class's edges, each way textwrap has (a word longer than the width cut or left whole on a line of its
+    own, wider than the width; hyphenated words broken or not): at 40 a log header and a traceback's path take
+    lines of their own, at 300 only a few lines are broken at all (little to tell an editor's wrap by)."""
+    for cases in _BY_ROW.values():
+        for long_words in (False, True):
+            for hyphens in (False, True):
+                _check_failure(cases[0], [_word_wrap(width, long_words, hyphens)])
 
 
 def test_a_newest_first_console_of_one_second_is_put_back_in_order_at_every_wrap_width() -> None:

@@ -9,8 +9,10 @@ diagnose``'s files, before any rule of :mod:`supervisor.core.classifier` sees a 
    the indentation of a whole indented paste out; the prefixes of the carriers that shipped the log
    (:data:`CARRIERS`: journald, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray, cloud
    consoles, JSON log lines, ...) out, CRI's partial lines joined; entries of a console that printed
-   newest first put back in time order; lines hard-wrapped by a terminal or an editor (60 to 300
-   columns, mid-word or at words) re-joined; a log pasted with its line breaks lost cut back into
+   newest first put back in time order; lines wrapped by a terminal (cut mid-word at its width) or by an
+   editor or a mail client (broken at words, 40 to 300 columns, the space at each break dropped, a word
+   longer than the width cut or left whole) re-joined, a carrier's own prefix among what a narrow wrap
+   cuts; a log pasted with its line breaks lost cut back into
    records; a line retyped in lower case given back the case of the phrases vLLM prints; then vLLM's
    own prefixes (process tags, ``[rankN]:``, the log header) read into a :class:`Record`.
 
@@ -676,8 +678,13 @@ _JSON_WRAP_CAP = 64 << 10        # a wrapped JSON line that never parses is give
 #: a record that may go on in the next line: its text so far, its first line, read already (while the wrap
 #: was not known), folded, the line as its carrier printed it (None: no carrier; "": several put together)
 _Chain = tuple[str, str, bool, bool, "str | None"]
-#: what a line a carrier's prefix begins never starts with (vLLM's own lines, a traceback's)
-_NO_CARRIER = frozenset(" \t\"'")
+
+
+def _may_be_prefix(text: str) -> bool:
+    """``text`` may begin with a carrier's prefix (see :data:`CARRIERS`), cheaply told: a stamp's digit,
+    a bracket or parenthesis, a month's or weekday's name, a priority, a JSON object, a compose service."""
+    c = text[:1]
+    return c.isdigit() or c in "[(<{" or (c.isalpha() and text[3:4] == " ") or "|" in text[:64]
 
 
 _RAISED_ANY_CASE = re.compile(EXCEPTION_LINE.pattern, re.I)
@@ -841,7 +848,7 @@ class Normalizer:
         self._prev_width = 0
         self._prev_raw = ""
         self._soft_before = ""                      # the record before, read as an editor's wrap
-        self._breaks: list[tuple[int, int, int, int, bool]] = []    # where lines may have been broken
+        self._breaks: list[tuple[int, int, str, int, bool]] = []    # where lines may have been broken
         self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
         self._max_width = 0
         self._at_max = 0
@@ -851,7 +858,7 @@ class Normalizer:
         self._spaced_cuts = 0                       # ... the first with a space at the cut
         self._spaced_end = False                    # a line as wide as the widest ended in a space
         self._dropped_seen = 0                      # ... a line that wide, the space after it dropped
-        self._cuts_seen: set[tuple[int, int]] = set()   # the full lines' breaks counted (words' lengths)
+        self._cuts_seen: set[str] = set()           # the full lines' breaks counted (the word before each)
         self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
         if live:
             self._order = "in"
@@ -1378,13 +1385,14 @@ class Normalizer:
         return (len(a_) > 1 and len(b_) > 1 and a_ in self._words and b_ in self._words
                 and a[-1] + b[0] not in self._words)
 
-    def _judge(self, pw: int, first: int, last: int, junction: int, spaced: bool) -> None:
+    def _judge(self, pw: int, first: int, word: str, junction: int, spaced: bool) -> None:
         """What a line ``pw`` wide, then one that may go on with it (``first``: its first word's length,
-        ``last``: the last word's before; ``junction``: :data:`_HYPHEN` after a hyphen, :data:`_PUNCT` where
+        ``word``: the last word before; ``junction``: :data:`_HYPHEN` after a hyphen, :data:`_PUNCT` where
         a space was: after a comma, semicolon or colon right before a letter, or between two words that are
         none together; ``spaced``: a space at the break, the end of the one or the start of the other), say of
         how the log was wrapped."""
         w = self._max_width
+        last = len(word)
         if pw == w >= _WRAP_MIN:
             if junction == _PUNCT and not spaced:
                 # text puts a space after a comma (and between words): a terminal cuts there only where the
@@ -1392,10 +1400,10 @@ class Normalizer:
                 self._soft_seen += 1
                 self._dropped_seen += 1
             elif (not (junction == _HYPHEN or last + first > w) and self._at_max >= 2
-                    and (first, last) not in self._cuts_seen):
+                    and word not in self._cuts_seen):
                 # a terminal's cut (or an editor's line that filled the width); lines that begin alike (one
-                # process's prefix and header) are broken alike, and say it once
-                self._cuts_seen.add((first, last))
+                # process's prefix and header) are broken alike, after the same word, and say it once
+                self._cuts_seen.add(word)
                 self._hard_seen += 1
                 self._spaced_cuts += spaced      # ... a terminal's: an editor drops the space it breaks at
         elif pw < w < pw + 1 + first and not spaced:
@@ -1407,12 +1415,15 @@ class Normalizer:
         first = line.split(None, 1)[0] if line.strip() else ""
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         hyphen = _hyphen_break(last, first)
-        # (a bracket after a colon is a repr's ``: {``; a quote there may be compact JSON's ``":"``)
+        # (a bracket after a colon is a repr's ``: {``; a quote there may be compact JSON's ``":"``; what is
+        # dropped at a break matters only where the line before is as wide as the widest: no wider one that
+        # comes later makes it so)
         junction = (_HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":")
                     and (first[:1].isalpha() or first[:1] in "([{") else 0)
-        if not junction and last[-1:].isalpha() and first[:1].isalpha() and self._two_words(last, first):
+        if (not junction and width == self._max_width and last[-1:].isalpha() and first[:1].isalpha()
+                and self._two_words(last, first)):
             junction = _PUNCT
-        brk = (width, len(first), len(last), junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
+        brk = (width, len(first), last, junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
         if len(self._breaks) < _BREAKS_KEPT:
             self._breaks.append(brk)
         self._judge(*brk)
@@ -1484,12 +1495,19 @@ class Normalizer:
                 # carrier's prefix the wrap cut short
                 and not (stripped[:1] in "DIWECdiwec" and _HEADER_START.match(stripped)
                          and not _TAG_END.search(self._prev_raw[-120:]))
-                and not _CUT_PREFIX.match(stripped)):
+                and not (_may_be_prefix(stripped) and _CUT_PREFIX.match(stripped))):
             # maybe the rest of the line before: how it would have been cut there, and what that says
             pw = self._prev_width
-            first, last, hyphen = self._judge_break(self._prev_raw, pw, raw)
+            settled = self._hard_seen >= 32 and self._hard_seen >= 8 * self._soft_seen and self._mode() == "hard"
+            if settled:
+                # a terminal's wrap beyond doubt: only its cuts are read (the rest says nothing new)
+                ph = pending[0] if pending is not None else None
+                if ph is not None and pw == w and not _under_frame(text, ph[0]):
+                    hard = self._joined(ph, raw, "", low, True)
+            else:
+                first, last, hyphen = self._judge_break(self._prev_raw, pw, raw)
             indented = raw[:1] in (" ", "\t")          # an editor drops the space it broke at
-            if pending is not None:
+            if pending is not None and not settled:
                 mode = self._mode()
                 exact = pw == w >= _WRAP_MIN
                 ph, ps = pending
@@ -1499,7 +1517,10 @@ class Normalizer:
                 if ps is not None and not indented and mode != "hard":
                     # a log header alone on its line: its message was put on the next, after a space of
                     # any width (the message's indentation went with it: a traceback logged line by line)
-                    head = strip_header(self._recase.level(ps[0]) if ps[3] else ps[0]) if len(ps[0]) < 200 else None
+                    # (a header ends in "]" or ":", a process tag in ")": anything else is no header alone)
+                    tail = ps[0].rstrip()[-1:]
+                    head = (strip_header(self._recase.level(ps[0]) if ps[3] else ps[0])
+                            if len(ps[0]) < 200 and (not tail or tail in "]):") else None)
                     bare = head is not None and not head[0].strip()
                     if ((bare or pw + _gap(self._prev_raw) + len(first) > w) and not _under_frame(text, ps[0])
                             # after a whole frame only the rest of its function's name, cut at the width
@@ -1544,6 +1565,8 @@ class Normalizer:
         """An editor put a record's ``message`` on the line after its log header, and the record before
         was a traceback's frame: unless it is the traceback's exception line, the message is that frame's
         source line, and its indentation went with the space the editor dropped."""
+        if message[:4].lower() == "file" and message[4:6] in ("", ' "'):
+            return False    # the next frame's (its path wrapped onto the line after)
         return not _RAISED_ANY_CASE.match(message) and _whole_frame(self._soft_before)
 
     def _joined(self, chain: _Chain, raw: str, sep: str, low: bool, confirmed: bool) -> _Chain:
@@ -1555,7 +1578,7 @@ class Normalizer:
             joined = strip_carriers(line).text
         else:
             joined = (text + raw if not sep else text.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
-            if line is None and text is head and text[:1] not in _NO_CARRIER:
+            if line is None and text is head and _may_be_prefix(text):
                 # the first line was a carrier's prefix the wrap cut short (narrower than the prefix): whole
                 # again, it is one
                 p = strip_carriers(joined)

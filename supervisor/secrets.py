@@ -415,17 +415,15 @@ class Secrets:
         if not raws:
             return raws
         low = b"\n".join(raws).lower()
-        hits: set[int] | None = None
+        hits: set[int] = set()
         ends: list[int] = []
         for word in words:
             at = low.find(word)
             while at >= 0:
                 if not ends:                  # where each line ends in ``low`` (made at the first hit)
                     ends = list(itertools.accumulate(len(r) + 1 for r in raws))
-                    hits = set()
                 i = bisect.bisect_right(ends, at)
                 if at + len(word) < ends[i]:          # inside line i (its end is the newline at ends[i] - 1)
-                    assert hits is not None
                     hits.add(i)
                     at = low.find(word, ends[i])      # the rest of line i decides nothing more
                 else:

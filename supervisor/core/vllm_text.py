@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import html
 import json
 import re
 from collections import Counter
@@ -147,6 +148,52 @@ def _record(fields: tuple[str, int, int | None, str | None, bool, bool]) -> Reco
 
 _new_tuple = tuple.__new__
 
+# --------------------------------------------------------------------------- what a medium did to the characters
+def _typography() -> dict[int, str | None]:
+    """The characters a page, a chat or an editor puts in place of vLLM's ASCII, mapped back: spaces of
+    every width (a rendered page's no-break space, an ideographic space), characters of no width (a
+    zero-width space, a byte-order mark, a soft hyphen), typographic quotes, dashes and minus signs,
+    the ellipsis, a markdown typographer's (c) (r) (tm) +-, the full-width forms of ASCII (an input
+    method's colon and brackets). vLLM prints none of them, so nothing it printed changes."""
+    table: dict[int, str | None] = {i: chr(i - 0xFEE0) for i in range(0xFF01, 0xFF5F)}     # full width
+    table.update({i: " " for i in (0x00A0, 0x1680, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000)})
+    table.update({i: None for i in (0x00AD, 0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF)})
+    table.update({ord(c): "'" for c in "\u2018\u2019\u201a\u201b\u2032\u00b4"})
+    table.update({ord(c): '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb"})
+    table.update({ord(c): "-" for c in "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe63"})
+    table.update({0x2026: "...", 0x00A9: "(c)", 0x00AE: "(r)", 0x2122: "(tm)", 0x00B1: "+-"})
+    return table
+
+
+_TYPOGRAPHY = _typography()
+_DASHED_FLAG = re.compile(r"(?<![\w-])[\u2013\u2014](?=[a-z])")     # "\u2014max-model-len": a flag's "--"
+_ENTITY = re.compile(r"&(?:[A-Za-z]{2,8}|#\d{2,7}|#[xX][0-9A-Fa-f]{2,6});")
+_MD_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+
+
+def plain_chars(line: str) -> str:
+    """vLLM's characters back from what a medium made of them: the typography above; HTML's character
+    references (a page's source, a scraper that kept them); markdown's backslash escapes (a rich-text
+    editor's ``max\\_model\\_len``: undone only on a line that has one before ``_`` or ``*``, which
+    nothing vLLM prints has, so a Windows path or a regex in a message stays as it is)."""
+    if not line.isascii():
+        if "\u2013" in line or "\u2014" in line:
+            line = _DASHED_FLAG.sub("--", line)
+        if "\u2026/" in line:          # a typographer's ellipsis for a relative path's ".."
+            line = line.replace("\u2026/", "../")
+        line = line.translate(_TYPOGRAPHY)
+    if "&" in line and _ENTITY.search(line):
+        line = html.unescape(line)
+    if "\\_" in line or "\\*" in line:
+        line = _MD_ESCAPED.sub(r"\1", line)
+    return line
+
+
+def _medium_touched(line: str) -> bool:
+    """Worth :func:`plain_chars`: a character no vLLM line has, an ``&``, a backslash."""
+    return not line.isascii() or "&" in line or "\\" in line
+
+
 # --------------------------------------------------------------------------- vLLM's own prefixes
 # Real ESC sequences, caret-notation pastes (``^[[0;36m``) and pastes that lost the ESC byte.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m|\x1b")
@@ -187,7 +234,7 @@ _FAST_FIRST = frozenset("DIWEC(")
 EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
 # an exception line as it starts a record, in any case (a class name: a letter first, then more)
 _EXC_ANY_CASE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z][A-Za-z0-9]+(?:Error|Exception|Failure|Interrupt)(?::|$)", re.I)
-_FRAME_END = re.compile(r'File "[^"]*", line \d+,? in [\w<>.]+$', re.I)
+_FRAME_END = re.compile(r'File "[^"]*", line \d+,? in [\w<>.]+[ \t]*$', re.I)   # (a copy padded)
 
 
 def _starts_record(text: str) -> bool:
@@ -220,7 +267,7 @@ _SHELL_NOTES_LOW = frozenset(n.lower() for n in SHELL_NOTES)
 
 
 #: what an interpreter's crash handlers print, each line a whole one (faulthandler's dump, PyTorch's)
-_CRASH_STARTS = ("Fatal Python error", "!!!!!!! ", "Current thread 0x", "Thread 0x")
+_CRASH_STARTS = ("Fatal Python error", "!!!", "Current thread 0x", "Thread 0x")   # (a typographer: "!!!")
 _CRASH_STARTS_LOW = tuple(s.lower() for s in _CRASH_STARTS)
 #: argparse's own lines: its usage and its error (``%(prog)s: error: %(message)s``)
 _ARGPARSE = re.compile(r"(?:usage: [\w.-]+(?: [\w.-]+)? \[|[\w.-]+(?: [\w.-]+)?: error: )", re.I)
@@ -572,6 +619,8 @@ def normalize(line: str | bytes) -> str:
     if isinstance(line, (bytes, bytearray)):
         line = bytes(line).decode("utf-8", "replace")
     line = line.replace("\x00", "").replace("\r", "").replace("\n", " ")
+    if _medium_touched(line):
+        line = plain_chars(line)
     if any(h in line for h in _ANSI_HINT):
         line = _ANSI.sub("", line)
     if line[:1] == ">":
@@ -848,8 +897,23 @@ class Normalizer:
         self._prev_width = 0
         self._prev_raw = ""
         self._soft_before = ""                      # the record before, read as an editor's wrap
-        self._breaks: list[tuple[int, int, str, int, bool]] = []    # where lines may have been broken
         self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
+        self._live = live
+        self._pasted_text = not live                # what a medium did to the characters undone (a pipe: none)
+        self._padded = 0                            # lines that ended in a run of spaces, as wide as the last
+        self._pad_width = 0                         # ... that did (a copy padded to the terminal's width)
+        self._wrap_unknown()
+        if live:
+            self._order = "in"
+        self._out: list[Record] = []
+        self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
+        self._head: tuple[str, int, int | None, str | None] | None = None   # the fast path's last header read
+
+    def _wrap_unknown(self) -> None:
+        """Nothing known of how the text is wrapped: at the start, and where a paste of its own starts (a
+        code fence: a bug report's blocks were each pasted on their own, an environment's report at one
+        width, the log at another or at none)."""
+        self._breaks: list[tuple[int, int, str, int, bool]] = []    # where lines may have been broken
         self._max_width = 0
         self._at_max = 0
         self._at_max_text = ""
@@ -859,12 +923,7 @@ class Normalizer:
         self._spaced_end = False                    # a line as wide as the widest ended in a space
         self._dropped_seen = 0                      # ... a line that wide, the space after it dropped
         self._cuts_seen: set[str] = set()           # the full lines' breaks counted (the word before each)
-        self._long_seen = live                      # a line wider than any wrap (live: wraps ruled out)
-        if live:
-            self._order = "in"
-        self._out: list[Record] = []
-        self._plain = False          # nothing held, pending, quoted or indented, wraps ruled out: the fast path
-        self._head: tuple[str, int, int | None, str | None] | None = None   # the fast path's last header read
+        self._long_seen = self._live                # a line wider than any wrap (live: wraps ruled out)
 
     # ------------------------------------------------------------------ public
     @property
@@ -884,8 +943,11 @@ class Normalizer:
             line = bytes(line).decode("utf-8", "replace")
         elif not isinstance(line, str):
             line = str(line)
-        if line[-1:] == "\n":
+        last = line[-1:]
+        if last == "\n" or last == "\r":      # (a paste's CRLF lines split at LF: a blank one is "\r")
             line = line.rstrip("\r\n")
+        if self._pasted_text:
+            line = self._as_typed(line)
         if (self._plain and line[:1] in _FAST_FIRST and len(line) <= 400 and "\x1b" not in line
                 and "\r" not in line and "\n" not in line and "\x00" not in line):
             # the common case, a live vLLM's own line: its header read once, nothing to undo or hold (a
@@ -924,10 +986,31 @@ class Normalizer:
                        and not self._quote_depth)
         return out
 
+    def _as_typed(self, line: str) -> str:
+        """A pasted line as it was before the medium it went through (:func:`plain_chars`) and without a
+        terminal's padding: a copy padded to the terminal's width (a wrap's full pieces are not, and are read
+        as such). One space is kept: an editor's break (``fold -s``) or a cut at a space, it says how the
+        paste was wrapped. The kubelet cuts a partial entry after a count of bytes, in a run of spaces as
+        often as not: those spaces are its text's, unless the paste is padded (lines so ended, as wide)."""
+        if _medium_touched(line):
+            line = plain_chars(line)
+        if line[-2:] == "  " and line.strip(" "):
+            if len(line) == self._pad_width:
+                self._padded += 1
+            self._pad_width = len(line)
+            if self._padded >= 3 or not (self._partial or " stdout P " in line or " stderr P " in line):
+                line = line.rstrip(" ")
+        return line
+
     def flush(self) -> list[Record]:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
         out: list[Record] = []
         self._out = out
+        self._end_of_paste()
+        return out
+
+    def _end_of_paste(self) -> None:
+        """The paste ended (the log did, or a code fence closed it): what it still holds comes out."""
         if self._cut_head is not None:
             head, head_width = self._cut_head
             self._cut_head = None
@@ -946,7 +1029,6 @@ class Normalizer:
                 for text, width, carried in entry:
                     self._carried(text, width, carried)
         self._flush_pending()
-        return out
 
     # ------------------------------------------------------------------ stage A: one physical line
     def _physical(self, seg: str) -> None:
@@ -965,8 +1047,17 @@ class Normalizer:
             if self._quote_depth and _starts_record(seg):
                 self._quote_depth, self._quote = 0, ""      # the quote ended
         seg = self._dedent(seg)
+        if seg[:1] == "\t":       # an editor's tabs for a traceback's indentation: Python's four spaces
+            body = seg.lstrip("\t")
+            seg = "    " * (len(seg) - len(body)) + body
         width = len(seg)
         c = seg[:1]
+        if (c == "`" or c == "~") and seg.startswith(("```", "~~~")) and not self._live:
+            # a paste of its own starts: a bug report's blocks were pasted each on its own, each wrapped at its
+            # own width or at none, and a console's entries listed newest first end with their block
+            self._end_of_paste()
+            self._wrap_unknown()
+            self._order, self._last_ts, self._desc = None, None, 0
         if self._json_buf and ((len(self._json_pieces[-1]) < _SOFT_MIN and _starts_record(seg))
                                or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
@@ -1321,11 +1412,18 @@ class Normalizer:
         self._wrap(text, width, carried, low)
 
     def _record(self, raw: str, low: bool = False) -> Record:
-        """The record of a (whole) line; typed in lower case, vLLM's case given back to it."""
+        """The record of a (whole) line; typed in lower case, vLLM's case given back to it. Spaces at the
+        end of a line of no log header (the shell's ``Killed``) are a terminal's padding or an editor's:
+        they told how the paste was wrapped, and are read by then."""
         if not folded(raw) or not raw:
-            return Record(*strip_header(raw))
-        text, level, rank, proc = strip_header(self._recase.level(raw))
-        return Record(self._recase.phrases(text), level, rank, proc)
+            text, level, rank, proc = strip_header(raw)
+        else:
+            text, level, rank, proc = strip_header(self._recase.level(raw))
+            text = self._recase.phrases(text)
+        end = text[-1:]
+        if (end == " " or end == "\t") and level == Level.RAW:
+            text = text.rstrip(" \t")
+        return Record(text, level, rank, proc)
 
     @staticmethod
     def _pasted(seg: str) -> list[str]:

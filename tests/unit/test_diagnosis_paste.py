@@ -5,29 +5,38 @@ Every failure row's log of the catalogue (``tests/fakes/vllm_logs.py``, built fr
 ways people ship and paste logs, each a hypothesis strategy (:data:`TRANSFORMS`): the prefixes of the
 carriers (journald's output modes, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray,
 cloud consoles and JSON log lines, rendered from those tools' documented formats, below, not from the
-guard's code), a terminal's hard wrap at 60 to 160 columns, an editor's or a mail client's wrap at
-words at 40 to 300 (the standard library's textwrap: the space dropped at each break, a word longer than
-the width cut or left whole, hyphenated words broken or not), markdown quotes, indentation, lower case,
-a paste that starts late or stops early, a console that lists newest first, and compositions of them.
-A failure keeps its kind and its numbers; a healthy log stays healthy (or ``incomplete``, when the cut
-took its serving lines). A new way to paste is one strategy here.
+guard's code), a terminal's hard wrap at 60 to 160 columns (its copy padded to the width or not), an
+editor's or a mail client's wrap at words at 40 to 300 (the standard library's textwrap: the space
+dropped at each break, a word longer than the width cut or left whole, hyphenated words broken or not),
+markdown quotes, indentation, lower case, a paste that starts late or stops early, a console that lists
+newest first, a bug report around the log (the environment report, the command, ``nvidia-smi``, each in
+its own code fence: ``tests/fixtures/report``), the medium it went through last (a page's character
+references, a rich-text editor's markdown escapes, a forum's typographer, no-break and zero-width
+spaces, CRLF line ends; or pasted without a fence into a markdown page and copied back from it, as
+markdown-it renders it), and compositions of them. A failure keeps its kind and its numbers; a healthy
+log stays healthy (or ``incomplete``, when the cut took its serving lines). A new way to paste is one
+strategy here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import re
 import sys
 import textwrap
 from collections.abc import Callable
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 
 from supervisor.core.classifier import classify
+from supervisor.core.vllm_text import plain_chars
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 import vllm_logs as cat  # noqa: E402
@@ -181,6 +190,13 @@ def _wrap(width: int) -> Paste:
     return Paste(f"hard wrap at {width}", fn, 4)
 
 
+def _padded_wrap(width: int) -> Paste:
+    """A terminal's copy that keeps the screen's cells: each row padded with spaces to the width (a legacy
+    Windows console, a block selection)."""
+    wrap = _wrap(width).fn
+    return Paste(f"hard wrap at {width}, padded", lambda lines: [ln.ljust(width) for ln in wrap(lines)], 4)
+
+
 def _word_wrap(width: int, break_long_words: bool, break_on_hyphens: bool) -> Paste:
     """An editor's or a mail client's wrap (``fold -s``, vim's ``gq``, format=flowed): each line longer than
     the width broken at its last space that fits, the space dropped at the break (a word longer than the
@@ -206,6 +222,114 @@ def _indent(pad: str) -> Paste:
     return Paste(f"indented by {pad!r}", lambda lines: [pad + ln for ln in lines], 6)
 
 
+# --------------------------------------------------------------------------- what a medium does to the characters
+# markdown-it-py is the CommonMark renderer (GitHub's and Discourse's dialects are CommonMark); its
+# typographer is the one those forums enable: quotes curled, "--" and "..." replaced, (c) and +- made signs
+_TYPOGRAPHER = MarkdownIt("zero", {"typographer": True}).enable(["replacements", "smartquotes"])
+_RENDERER = MarkdownIt("commonmark", {"typographer": True, "breaks": True}).enable(["replacements", "smartquotes"])
+_BLOCKS = {"p", "br", "li", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "hr", "ul", "ol", "div"}
+
+
+class _PageText(HTMLParser):
+    """The text a browser gives a copy of a rendered page: the characters, a line break per block."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.out: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag in _BLOCKS:
+            self.out.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _BLOCKS:
+            self.out.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        self.out.append(data)
+
+
+def _page_text(markup: str) -> list[str]:
+    parser = _PageText()
+    parser.feed(markup)
+    parser.close()
+    # (as a browser's innerText: a block's margins a blank line, never more than one)
+    return re.sub(r"\n{3,}", "\n\n", "".join(parser.out)).strip("\n").split("\n")
+
+
+def _typographer(line: str) -> str:
+    return html.unescape(_TYPOGRAPHER.renderInline(line))
+
+
+def _markdown_escaped(line: str) -> str:
+    """A rich-text editor's markdown (Reddit's, turndown's): CommonMark's backslash escapes before the
+    characters that would start emphasis (and the backslash itself)."""
+    return re.sub(r"([\\_*])", r"\\\1", line)
+
+
+MEDIA: dict[str, Callable[[str], str]] = {
+    # a page's source copied, or a scraper that kept the character references
+    "html-escaped": lambda ln: html.escape(ln, quote=True),
+    "markdown-escaped": _markdown_escaped,
+    "typographer": _typographer,
+    # a rendered page's spaces: each one a no-break space, or a run kept by alternating them
+    "no-break-spaces": lambda ln: ln.replace(" ", "\u00a0"),
+    "no-break-runs": lambda ln: ln.replace("  ", " \u00a0"),
+    # a renderer's break opportunities in long paths and names (<wbr>, copied as a zero-width space)
+    "zero-width-breaks": lambda ln: re.sub(r"([/_.])(?=\w)", "\\1\u200b", ln),
+    # a Windows editor's line ends, read by a tool that splits at LF
+    "crlf": lambda ln: ln + "\r",
+}
+
+
+def _medium(name: str) -> Paste:
+    fn = MEDIA[name]
+    return Paste(f"through {name}", lambda lines: [fn(ln) for ln in lines], 8)
+
+
+def _rendered(lines: list[str]) -> list[str]:
+    """Pasted without a code fence into a page that renders markdown (line breaks kept, as GitHub's
+    comments keep them), then copied from the page: markup taken as markdown and gone, typography."""
+    return _page_text(_RENDERER.render("\n".join(lines)))
+
+
+# --------------------------------------------------------------------------- what a bug report puts around a log
+_REPORT = Path(__file__).resolve().parents[1] / "fixtures" / "report"
+_FENCES = ["```", "```text", "```log", "```shell", "```console", "~~~"]
+
+
+def _collect_env(version: str) -> list[str]:
+    text = (_REPORT / "collect-env.txt").read_text()
+    return [ln.replace("{version}", version) for ln in text.splitlines() if version or "{version}" not in ln]
+
+
+_SECTIONS: dict[str, Callable[[str], list[str]]] = {
+    "environment": lambda v: ["### Your current environment", "", "<details>",
+                              "<summary>The output of <code>python collect_env.py</code></summary>", "", "```text",
+                              *_collect_env(v), "```", "", "</details>", ""],
+    "command": lambda v: ["I'm running the server with:", "", "```bash",
+                          "docker run --runtime nvidia --gpus all -v ~/.cache/huggingface:/root/.cache/huggingface "
+                          "-p 8000:8000 --ipc=host vllm/vllm-openai:latest --model Qwen/Qwen2.5-7B-Instruct "
+                          "--gpu-memory-utilization 0.9", "```", ""],
+    "nvidia-smi": lambda v: ["nvidia-smi shows:", "", "```",
+                             *(_REPORT / "nvidia-smi.txt").read_text().splitlines(), "```", ""],
+    "prose": lambda v: ["### \U0001f41b Describe the bug", "",
+                        "The server crashes at start-up every time. I tried a smaller --max-model-len and "
+                        "--enforce-eager; the same error. Full log below.", ""],
+}
+_CLOSING = ["", "### Before submitting a new issue...", "",
+            "- [x] Make sure you already searched for relevant issues, and asked the chatbot living at the bottom "
+            "right corner of the [documentation page](https://docs.vllm.ai/en/latest/)."]
+
+
+def _report(case: cat.Case, sections: list[str], fence: str) -> Paste:
+    version = case.version or (m.group(0) if (m := re.search(r"\d+\.\d+\.\d+", case.name)) else "")
+    head = [ln for name in sections for ln in _SECTIONS[name](version)]
+    close = "~~~" if fence == "~~~" else "```"
+    return Paste(f"in a bug report ({', '.join(sections) or 'the log alone'}, {fence})",
+                 lambda lines: [*head, fence, *lines, close, *_CLOSING], 7)
+
+
 LOWER = Paste("lower case", lambda lines: [ln.lower() for ln in lines], 0)
 NEWEST_FIRST = Paste("newest first", lambda lines: lines[::-1], 3)
 
@@ -219,6 +343,7 @@ INDENTS = ["    ", "  ", "\t", "        "]      # a code block, a list item's pa
 
 TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "wrap": st.integers(min_value=60, max_value=160).map(lambda w: [_wrap(w)]),
+    "padded-wrap": st.integers(min_value=60, max_value=160).map(lambda w: [_padded_wrap(w)]),
     "word-wrap": st.builds(_word_wrap, st.integers(min_value=40, max_value=300), st.booleans(),
                            st.booleans()).map(lambda p: [p]),
     "carrier": st.sampled_from(sorted(CARRIER_LINES)).map(lambda n: [_carrier(n)]),
@@ -227,7 +352,15 @@ TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "indent": st.sampled_from(INDENTS).map(lambda p: [_indent(p)]),
     "lower": st.just([LOWER]),
     "newest-first": st.sampled_from(STAMPED).map(_newest_first),
+    "medium": st.sampled_from(sorted(MEDIA)).map(lambda n: [_medium(n)]),
+    "rendered": st.just([Paste("rendered and copied", _rendered, 8)]),
 }
+
+
+#: the ways a paste is wrapped (once: by a terminal or by an editor)
+_WRAPS = ("wrap", "padded-wrap", "word-wrap")
+#: the transformations that take the case (where its failure starts, its version), beside :data:`TRANSFORMS`
+EXTRAS = ["head", "tail", "report"]
 
 
 def _cut_head(case: cat.Case, k: int) -> Paste:
@@ -253,10 +386,11 @@ def _apply(case: cat.Case, pastes: list[Paste]) -> list[str]:
 def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None) -> list[Paste]:
     """One or more transformations (compositions are applied in the order a log travels: typed,
     cut, shipped, listed, wrapped by the terminal, quoted, indented)."""
-    chosen = names or tuple(draw(st.lists(st.sampled_from(sorted(TRANSFORMS) + ["head", "tail"]), min_size=1,
+    chosen = names or tuple(draw(st.lists(st.sampled_from(sorted(TRANSFORMS) + EXTRAS), min_size=1,
                                           max_size=4, unique=True)))
     out: list[Paste] = []
     carried = wrapped = False
+    medium = ""
     for name in chosen:
         if name == "head":
             out.append(_cut_head(case, draw(st.integers(min_value=0, max_value=max(0, case.start)))))
@@ -264,7 +398,13 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             cut = _cut_tail(case, draw(st.integers(min_value=0, max_value=3)))
             if cut is not None:
                 out.append(cut)
-        elif case.name in PRE_WRAPPED and name in ("carrier", "cri-partial", "newest-first", "wrap", "word-wrap"):
+        elif name == "report":
+            sections = draw(st.lists(st.sampled_from(sorted(_SECTIONS)), max_size=4, unique=True))
+            out.append(_report(case, sections, draw(st.sampled_from(_FENCES))))
+        elif name in ("medium", "rendered"):     # the last thing a paste goes through: one page, chat or editor
+            if not medium:
+                medium = name
+        elif case.name in PRE_WRAPPED and name in ("carrier", "cri-partial", "newest-first", *_WRAPS):
             continue
         elif case.name in PRE_QUOTED and name in ("quote", "indent"):
             continue
@@ -272,12 +412,15 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if not carried:
                 out += draw(TRANSFORMS[name])
                 carried = True
-        elif name in ("wrap", "word-wrap"):       # a paste is wrapped once: by a terminal or by an editor
+        elif name in _WRAPS:       # a paste is wrapped once: by a terminal or by an editor
             if not wrapped:
                 out += draw(TRANSFORMS[name])
                 wrapped = True
         else:
             out += draw(TRANSFORMS[name])
+    if medium == "medium" or (medium and not wrapped and case.name not in PRE_WRAPPED):
+        # (a renderer takes characters out of the lines, and how a paste was wrapped is read from their widths)
+        out += draw(TRANSFORMS[medium])
     return out
 
 
@@ -316,7 +459,7 @@ NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
 # --------------------------------------------------------------------------- every row, each transformation
-@pytest.mark.parametrize("name", sorted(TRANSFORMS) + ["head", "tail"])
+@pytest.mark.parametrize("name", sorted(TRANSFORMS) + EXTRAS)
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
           phases=NO_SHRINK)
 @given(data=st.data())
@@ -325,7 +468,7 @@ def test_every_catalogue_failure_keeps_its_kind_and_numbers_under_each_paste(nam
         _check_failure(case, data.draw(pastes(case, (name,)), label=case.name))
 
 
-@pytest.mark.parametrize("name", sorted(TRANSFORMS) + ["head"])
+@pytest.mark.parametrize("name", sorted(TRANSFORMS) + ["head", "report"])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
           phases=NO_SHRINK)
 @given(data=st.data())
@@ -363,8 +506,8 @@ def test_compositions_of_pastes_keep_a_healthy_log_healthy(data: st.DataObject) 
 
 # --------------------------------------------------------------------------- wrapped at words, composed
 #: what else a paste wrapped at words went through (any of them, in the order a log travels)
-_WITH_WORD_WRAP = st.lists(st.sampled_from([n for n in sorted(TRANSFORMS) + ["head", "tail"] if n not in
-                                            ("wrap", "word-wrap")]), max_size=3, unique=True)
+_WITH_WORD_WRAP = st.lists(st.sampled_from([n for n in sorted(TRANSFORMS) + EXTRAS if n not in
+                                            _WRAPS]), max_size=3, unique=True)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -505,3 +648,62 @@ def test_the_shells_note_is_its_own_line_after_one_exactly_as_wide_as_the_wrap()
     case = next(c for c in FIXTURE_FAILURES if "host-oom-killed" in c.name)
     for width in range(60, 161):
         _check_failure(case, [_wrap(width)])
+
+
+# --------------------------------------------------------------------------- the medium, undone
+#: every line of every catalogue log and saved log (vLLM's own text, tqdm's bars, the shell's notes, ...)
+_ALL_LINES = sorted({ln for case in CASES + FIXTURES for ln in case.lines})
+
+
+def _typographer_loses(line: str) -> str:
+    """What markdown-it's typographer cannot give back (its ``replacements`` rule, as documented): a run of
+    dots is one ellipsis, "!!!!" is "!!!", "?????" is "???", ",," is ",", and "--" and "---" are dashes
+    (read back as one hyphen, or as a flag's "--" before a letter)."""
+    line = re.sub(r"\.{2,}(?!/)", "...", line)
+    line = re.sub(r"([?!]){4,}", r"\1\1\1", line)
+    line = re.sub(r",{2,}", ",", line)
+    return re.sub(r"(?<![-\w])-{2,3}(?=\s|$)|(?<=\s)-{2,3}(?![-\w])", "-", line)
+
+
+def test_nothing_vllm_prints_is_changed_by_undoing_a_medium() -> None:
+    # the characters a medium puts in are none that vLLM, its libraries or the shell print: undoing them is
+    # the identity on every line of every log the guard knows
+    changed = [ln for ln in _ALL_LINES if plain_chars(ln) != ln]
+    assert not changed, changed[:5]
+
+
+@pytest.mark.parametrize("medium", sorted(MEDIA))
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_each_medium_is_undone_line_by_line(medium: str, data: st.DataObject) -> None:
+    line = data.draw(st.sampled_from(_ALL_LINES), label="line")
+    through = MEDIA[medium](line)
+    if medium == "crlf":
+        through = through[:-1]        # (the line splitter's: a CR before the LF ends the line)
+    want = line
+    if medium == "typographer":
+        want = _typographer_loses(line)
+    elif medium == "markdown-escaped" and "_" not in line and "*" not in line:
+        want = through                # only a backslash escaped: nothing says an editor escaped it
+    assert plain_chars(through) == want
+
+
+@pytest.mark.parametrize(("through", "typed"), [
+    ("The model\u2019s max seq len (32768)", "The model's max seq len (32768)"),
+    ("model=\u201cQwen/Qwen2.5-7B\u201d", 'model="Qwen/Qwen2.5-7B"'),
+    ("vllm serve m \u2014max-model-len 4096 \u2013enforce-eager", "vllm serve m --max-model-len 4096 --enforce-eager"),
+    ("reserved for KV Cache is \u22121.05GiB", "reserved for KV Cache is -1.05GiB"),
+    ("Loading model\u2026", "Loading model..."),
+    ("File \"\u2026/torch/csrc/Module.cpp\"", "File \"../torch/csrc/Module.cpp\""),
+    ("INFO\u00a011-30\u00a012:00:00", "INFO 11-30 12:00:00"),
+    ("gpu_\u200bmemory_\u200butilization\ufeff", "gpu_memory_utilization"),
+    ("ValueError\uff1a bad\uff08x\uff09", "ValueError: bad(x)"),
+    ("args: {&#39;model&#39;: &quot;x&quot;} &lt;module&gt; &amp;", "args: {'model': \"x\"} <module> &"),
+    ("a & b; R&D", "a & b; R&D"),                                   # no reference: left as it is
+    ("max\\_model\\_len \\*args", "max_model_len *args"),
+    ("C:\\Users\\me\\model", "C:\\Users\\me\\model"),                # no escape before _ or *: left as it is
+    ("(c) 2024 +- 1", "(c) 2024 +- 1"),
+    ("\u00a9 2024 \u00b1 1", "(c) 2024 +- 1"),
+])
+def test_what_each_medium_put_in_is_read_back(through: str, typed: str) -> None:
+    assert plain_chars(through) == typed

@@ -544,7 +544,9 @@ class Classifier:
             if not self._last_exc:
                 self._last_exc = text[:_KEEP]    # the first: the root cause, before the wrappers' echoes
                 self._exc_phase = self._place()
-        elif not self._exc_after_wrapper:
+            elif _whole(self._last_exc, text[:_KEEP]):
+                self._last_exc = text[:_KEEP]    # the same record whole (a wrap's piece was read on its own)
+        elif not self._exc_after_wrapper or _whole(self._exc_after_wrapper, text[:_KEEP]):
             self._exc_after_wrapper = text[:_KEEP]
             self._exc_phase = self._exc_phase or self._place()
 

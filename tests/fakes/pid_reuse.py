@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -139,6 +139,25 @@ def take_pid(pid: int, log: Path, build_dir: Path, env: dict[str, str] | None = 
         why += f"; ns_last_pid not writable ({e.strerror})"
         raise Unavailable(why) from None
     raise Unavailable(why + "; ns_last_pid: another process kept taking the pid")
+
+
+@contextlib.contextmanager
+def impostors(build_dir: Path, env: dict[str, str] | None = None) -> Iterator[Callable[[int], Impostor]]:
+    """``take(pid)``: an unrelated process (an :data:`IMPOSTOR`, a session leader of its own) now holds
+    ``pid``; each one taken is closed at the end. ``take`` raises :class:`Unavailable` where no pid can be
+    chosen (a test skips with its reason)."""
+    made: list[Impostor] = []
+
+    def take(pid: int) -> Impostor:
+        imp = take_pid(pid, build_dir / f"signals-{pid}-{len(made)}", build_dir, env=env)
+        made.append(imp)
+        return imp
+
+    try:
+        yield take
+    finally:
+        for imp in made:
+            imp.close()
 
 
 @contextlib.contextmanager

@@ -87,20 +87,14 @@ def way(request, monkeypatch):
 @pytest.fixture
 def impostors(tmp_path_factory):
     """``take(pid)``: an unrelated process (unmarked, its own session) now holds ``pid``."""
-    made: list[pid_reuse.Impostor] = []
-    build = tmp_path_factory.mktemp("pid_at")
+    with pid_reuse.impostors(tmp_path_factory.mktemp("pid_at"), env=unmarked_env()) as take_pid:
+        def take(pid: int) -> pid_reuse.Impostor:
+            try:
+                return take_pid(pid)
+            except pid_reuse.Unavailable as e:
+                pytest.skip(str(e))
 
-    def take(pid: int) -> pid_reuse.Impostor:
-        try:
-            imp = pid_reuse.take_pid(pid, build / f"signals-{pid}", build, env=unmarked_env())
-        except pid_reuse.Unavailable as e:
-            pytest.skip(str(e))
-        made.append(imp)
-        return imp
-
-    yield take
-    for imp in made:
-        imp.close()
+        yield take
 
 
 @pytest.fixture

@@ -245,23 +245,18 @@ def pid_build(tmp_path_factory):
 @pytest.fixture
 def impostor(pid_build):
     """``impostor(pid)``: an unrelated process (a session leader of its own) now holds ``pid``."""
-    made: list[pid_reuse.Impostor] = []
+    with pid_reuse.impostors(pid_build) as take_pid:
+        def take(pid: int, after: float = 0.0) -> pid_reuse.Impostor:
+            # A start time is a whole clock tick: a process that took the pid within the tick of the
+            # one it replaces would carry the same start (here that needs clone3's set_tid, as root;
+            # on a machine, the pid space wrapping within 10 ms), so the impostor starts a tick later.
+            wait_until(lambda: boottime() >= after + 2 * TICK, "a clock tick to pass")
+            try:
+                return take_pid(pid)
+            except pid_reuse.Unavailable as e:
+                pytest.skip(str(e))
 
-    def take(pid: int, after: float = 0.0) -> pid_reuse.Impostor:
-        # A start time is a whole clock tick: a process that took the pid within the tick of the
-        # one it replaces would carry the same start (here that needs clone3's set_tid, as root;
-        # on a machine, the pid space wrapping within 10 ms), so the impostor starts a tick later.
-        wait_until(lambda: boottime() >= after + 2 * TICK, "a clock tick to pass")
-        try:
-            imp = pid_reuse.take_pid(pid, pid_build / f"signals-{pid}-{len(made)}", pid_build)
-        except pid_reuse.Unavailable as e:
-            pytest.skip(str(e))
-        made.append(imp)
-        return imp
-
-    yield take
-    for imp in made:
-        imp.close()
+        yield take
 
 
 def zombie(kids) -> Kid:

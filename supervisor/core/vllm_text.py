@@ -391,6 +391,40 @@ CARRIERS: tuple[Carrier, ...] = (
     Carrier("json", "JSON log lines", '{"log":"MSG\\n","stream":"stderr","time":"2024-08-19T18:30:11.123456789Z"}'),
     Carrier("priority", "syslog priorities", "<6>MSG"),
 )
+#: Any other carrier's: a prefix of one shape on every line, learnt from the log itself (see
+#: :meth:`Normalizer._unprefixed`): ``grep -n``, ``cat -n``, ``srun --label``, ``pdsh``, ``stern``, a job
+#: runner's tag, a viewer's clock.
+LEARNT = Carrier("prefix", "a prefix of the same shape on each line, learnt from the lines with vLLM's header",
+                 "vllm.log:123:MSG")
+
+# vLLM's own header (or its process tag before one) inside a line, or a traceback's frame: nothing vLLM
+# prints holds one (it does print "Traceback (most recent call last):" inside its messages), so what stands
+# before one is a carrier's, unless another follows (a paste that lost its line breaks)
+_VLLM_INSIDE = re.compile(r"(?:\(" + _PROC + r" pid=\d+(?:, ip=[^)]*)?\) ?)?"
+                          r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+                          r"|  File \"[^\"]+\", line \d+", re.I)
+_SHAPE_TOKEN = re.compile(r"\d+|[ \t]+|[^\d \t]")
+_PREFIX_MAX = 120       # how long a carrier's prefix may be
+_PRELUDE = 8            # a paste's first lines held until one shows whether a carrier's prefix is on them
+
+
+def prefix_shape(prefix: str) -> str:
+    """The shape of a carrier's prefix, as a pattern: its digits any number (a line number, a clock, a
+    rank); the spaces it starts with, or that stand before a number, any number (a right-aligned number);
+    a digit's ``:`` or ``-`` either (``grep -n`` marks its matches with one and the lines around them with
+    the other); the rest as it is, the spaces it ends with exactly (a traceback's indentation follows)."""
+    out: list[str] = []
+    tokens = _SHAPE_TOKEN.findall(prefix)
+    for k, tok in enumerate(tokens):
+        if tok[0].isdigit():
+            out.append(r"\d+")
+        elif tok[0] in " \t" and (not out or k + 1 < len(tokens) and tokens[k + 1][0].isdigit()):
+            out.append(r"[ \t]*")      # (before a right-aligned number: as wide as the number leaves it)
+        elif tok in ":-" and out and out[-1] == r"\d+":
+            out.append("[:-]")
+        else:
+            out.append(re.escape(tok))
+    return "".join(out)
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
@@ -901,6 +935,11 @@ class Normalizer:
         self._live = live
         self._pasted_text = not live                # what a medium did to the characters undone (a pipe: none)
         self._padded = 0                            # lines that ended in a run of spaces, as wide as the last
+        self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
+        self._prefix: re.Pattern[str] | None = None     # ... the one seen twice: a carrier's, off every line
+        self._prefix_widths: set[int] = set()      # ... how long it was on those lines
+        self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
+        self._replaying = False                     # ... being read
         self._pad_width = 0                         # ... that did (a copy padded to the terminal's width)
         self._wrap_unknown()
         if live:
@@ -948,6 +987,17 @@ class Normalizer:
             line = line.rstrip("\r\n")
         if self._pasted_text:
             line = self._as_typed(line)
+            if self._prelude is not None:
+                out = []
+                lines = self._prelude_step(line)
+                for k, one in enumerate(lines):
+                    self._replaying = k < len(lines) - 1        # a held line (its prefix as the next line's)
+                    out += self._feed_line(one)
+                self._replaying = False
+                return out
+        return self._feed_line(line)
+
+    def _feed_line(self, line: str) -> list[Record]:
         if (self._plain and line[:1] in _FAST_FIRST and len(line) <= 400 and "\x1b" not in line
                 and "\r" not in line and "\n" not in line and "\x00" not in line):
             # the common case, a live vLLM's own line: its header read once, nothing to undo or hold (a
@@ -1005,9 +1055,36 @@ class Normalizer:
     def flush(self) -> list[Record]:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
         out: list[Record] = []
+        prelude, self._prelude = self._prelude or [], None
+        for line in prelude:
+            out += self._feed_line(line)
         self._out = out
         self._end_of_paste()
         return out
+
+    def _prelude_step(self, line: str) -> list[str]:
+        """The lines to read now. A paste's first lines before any that shows vLLM's header or a traceback's
+        frame (the command that was run, a warning) are held, at most :data:`_PRELUDE`: if that line shows
+        a carrier's prefix none of :data:`CARRIERS` is, they are read with it known (see
+        :meth:`_unprefixed`), as the lines after it are."""
+        prelude = self._prelude
+        assert prelude is not None
+        body = strip_carriers(_ANSI.sub("", line) if any(h in line for h in _ANSI_HINT) else line).text
+        starts = _vllm_starts(body)
+        h = None if starts else _VLLM_INSIDE.search(body, 1, _PREFIX_MAX + 40)
+        if not starts and h is None:
+            prelude.append(line)
+            if len(prelude) < _PRELUDE:
+                return []
+            self._prelude = None
+            return prelude
+        self._prelude = None
+        if (h is not None and h.start() <= _PREFIX_MAX and body[:h.start()].strip(" \t>")
+                and not _VLLM_INSIDE.search(body, h.end())):
+            shape = prefix_shape(body[:h.start()])     # (behind a known carrier's, if any)
+            self._shapes[shape] += 1
+            self._prefix = re.compile(shape)     # (how long it is on a line, read as that line is)
+        return [*prelude, line]
 
     def _end_of_paste(self) -> None:
         """The paste ended (the log did, or a code fence closed it): what it still holds comes out."""
@@ -1047,9 +1124,6 @@ class Normalizer:
             if self._quote_depth and _starts_record(seg):
                 self._quote_depth, self._quote = 0, ""      # the quote ended
         seg = self._dedent(seg)
-        if seg[:1] == "\t":       # an editor's tabs for a traceback's indentation: Python's four spaces
-            body = seg.lstrip("\t")
-            seg = "    " * (len(seg) - len(body)) + body
         width = len(seg)
         c = seg[:1]
         if (c == "`" or c == "~") and seg.startswith(("```", "~~~")) and not self._live:
@@ -1058,7 +1132,7 @@ class Normalizer:
             self._end_of_paste()
             self._wrap_unknown()
             self._order, self._last_ts, self._desc = None, None, 0
-        if self._json_buf and ((len(self._json_pieces[-1]) < _SOFT_MIN and _starts_record(seg))
+        if self._json_buf and ((self._json_piece_last(seg) and _starts_record(seg))
                                or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
             # pieces have any width): this line begins a record of its own, or is a JSON line whole
@@ -1102,6 +1176,19 @@ class Normalizer:
             self.guard_lines += 1
             return
         p = strip_carriers(seg)
+        # (behind a known carrier's prefix too: a PaaS's "app[web.1]: "; never in the pieces of a partial line)
+        whole = not (self._partial or p.partial or self._json_buf)
+        bare = self._unprefixed(p.text) if whole else None
+        if bare is not None:
+            self.carriers[LEARNT.name] += 1
+            if p.carriers:
+                p = p._replace(text=bare)
+            else:
+                seg = bare
+                if guard_own(seg):
+                    self.guard_lines += 1
+                    return
+                p = strip_carriers(seg)      # (a known carrier's line behind it: a grep of a journal)
         if not p.carriers:
             if self._partial:          # a terminal's or an editor's wrap of a partial line of a CRI file
                 joined = self._partial[next(reversed(self._partial))]
@@ -1141,6 +1228,46 @@ class Normalizer:
             self._partial_done(joined, width, p.ts)
             return
         self._ordered(text, width, seg, p.ts)
+
+    def _unprefixed(self, seg: str) -> str | None:
+        """``seg`` without the prefix of a carrier none of :data:`CARRIERS` is, or None (no such prefix).
+
+        The log shows it: what stands before vLLM's header on a line is a carrier's (nothing vLLM prints
+        holds its own header), taken off there at once. Once two lines showed a prefix of one shape
+        (:func:`prefix_shape`), it comes off every line that begins with it, as long as it was on those (a
+        traceback's lines, a raw line, uvicorn's): a wrap's piece that begins like a right-aligned line
+        number ("3 seconds") is not as long as ``cat -n``'s six columns."""
+        rx = self._prefix
+        if rx is not None:
+            m = rx.match(seg)
+            if m is not None and m.end() and (self._replaying
+                                              or any(abs(m.end() - w) <= 1 for w in self._prefix_widths)):
+                return seg[m.end():]
+        if seg[:1] in "DIWECdiwec(" and _vllm_starts(seg):
+            return None
+        h = _VLLM_INSIDE.search(seg, 1, _PREFIX_MAX + 40)
+        if h is None or h.start() > _PREFIX_MAX:
+            return None
+        k = h.start()
+        if not seg[:k].strip() or _VLLM_INSIDE.search(seg, h.end()):
+            return None         # indentation (a paste's or a traceback's own), or records that lost their breaks
+        shape = prefix_shape(seg[:k])
+        self._shapes[shape] += 1
+        if self._shapes[shape] >= 2 and len(self._prefix_widths) < 16:
+            if self._prefix is None or self._prefix.pattern != shape:
+                self._prefix, self._prefix_widths = re.compile(shape), set()
+            self._prefix_widths.add(k)
+        return seg[k:]
+
+    def _json_piece_last(self, seg: str) -> bool:
+        """The open JSON line's last piece was its end, not a wrap's: shorter than any wrap leaves a line,
+        unless ``seg``'s first word would not have fit after it (an editor's wrap at 40 columns leaves a
+        line of 22 before a word of 23)."""
+        last = len(self._json_pieces[-1])
+        if last >= _SOFT_MIN:
+            return False
+        first = seg.lstrip().split(" ", 1)[0]
+        return last + 1 + len(first) <= max(self._max_width, _WRAP_MIN)
 
     def _reads_soft(self) -> bool:
         """The paste reads as an editor's wrap, known or likelier so far (see :meth:`_mode`): a terminal's

@@ -26,13 +26,13 @@ from supervisor.core.diagnosis import Diagnosis
 from supervisor.core.flags import Flags
 from supervisor.core.model import ModelInfo
 from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
-from supervisor.core.vllm_text import CARRIERS, LineSplitter
+from supervisor.core.vllm_text import CARRIERS, LEARNT, LineSplitter
 from supervisor.errors import EX_OK, EX_USAGE
 from supervisor.facts.model_files import load_model_info
 from supervisor.secrets import REGISTRY
 
 _CHUNK = 1 << 20        # read 1 MiB at a time
-CARRIER_WHAT = {c.name: c.what for c in CARRIERS}
+CARRIER_WHAT = {c.name: c.what for c in (*CARRIERS, LEARNT)}
 
 
 def add_parser(subparsers: Any) -> None:

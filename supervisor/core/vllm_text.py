@@ -5,10 +5,13 @@ diagnose``'s files, before any rule of :mod:`supervisor.core.classifier` sees a 
 
 1. :class:`LineSplitter`: bytes in bounded chunks -> lines (``\\n``, ``\\r\\n``, lone ``\\r``), each at
    most :data:`MAX_LINE` bytes; what a line holds beyond that is dropped.
-2. :class:`Normalizer`, per line: NUL bytes and ANSI colour out; markdown quote markers (``> ``) and
+2. :class:`Normalizer`, per line: in a paste, what the medium it went through last did to the
+   characters undone (:func:`plain_chars`) and a terminal's padding off, a code fence taken as the start
+   of a paste of its own; NUL bytes and ANSI colour out; markdown quote markers (``> ``) and
    the indentation of a whole indented paste out; the prefixes of the carriers that shipped the log
    (:data:`CARRIERS`: journald, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray, cloud
-   consoles, JSON log lines, ...) out, CRI's partial lines joined; entries of a console that printed
+   consoles, JSON log lines, ...; and any other's, learnt from the log: :data:`LEARNT`) out, CRI's
+   partial lines joined; entries of a console that printed
    newest first put back in time order; lines wrapped by a terminal (cut mid-word at its width) or by an
    editor or a mail client (broken at words, 40 to 300 columns, the space at each break dropped, a word
    longer than the width cut or left whole) re-joined, a carrier's own prefix among what a narrow wrap
@@ -394,8 +397,7 @@ CARRIERS: tuple[Carrier, ...] = (
 #: Any other carrier's: a prefix of one shape on every line, learnt from the log itself (see
 #: :meth:`Normalizer._unprefixed`): ``grep -n``, ``cat -n``, ``srun --label``, ``pdsh``, ``stern``, a job
 #: runner's tag, a viewer's clock.
-LEARNT = Carrier("prefix", "a prefix of the same shape on each line, learnt from the lines with vLLM's header",
-                 "vllm.log:123:MSG")
+LEARNT = Carrier("prefix", "an unlisted program's: one shape on every line, learnt from the log", "vllm.log:123:MSG")
 
 # vLLM's own header (or its process tag before one) inside a line, or a traceback's frame: nothing vLLM
 # prints holds one (it does print "Traceback (most recent call last):" inside its messages), so what stands
@@ -406,6 +408,7 @@ _VLLM_INSIDE = re.compile(r"(?:\(" + _PROC + r" pid=\d+(?:, ip=[^)]*)?\) ?)?"
 _SHAPE_TOKEN = re.compile(r"\d+|[ \t]+|[^\d \t]")
 _PREFIX_MAX = 120       # how long a carrier's prefix may be
 _PRELUDE = 8            # a paste's first lines held until one shows whether a carrier's prefix is on them
+_COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... the command run
 
 
 def prefix_shape(prefix: str) -> str:
@@ -1063,21 +1066,21 @@ class Normalizer:
         return out
 
     def _prelude_step(self, line: str) -> list[str]:
-        """The lines to read now. A paste's first lines before any that shows vLLM's header or a traceback's
-        frame (the command that was run, a warning) are held, at most :data:`_PRELUDE`: if that line shows
-        a carrier's prefix none of :data:`CARRIERS` is, they are read with it known (see
-        :meth:`_unprefixed`), as the lines after it are."""
+        """The lines to read now. The command a paste shows above the log, before any line that shows vLLM's
+        header or a traceback's frame, is held with the lines after it (at most :data:`_PRELUDE`; a paste
+        that starts otherwise is read at once): if that line shows a carrier's prefix none of :data:`CARRIERS`
+        is, the command is read with it known (see :meth:`_unprefixed`), as the lines after it are."""
         prelude = self._prelude
         assert prelude is not None
         body = strip_carriers(_ANSI.sub("", line) if any(h in line for h in _ANSI_HINT) else line).text
         starts = _vllm_starts(body)
         h = None if starts else _VLLM_INSIDE.search(body, 1, _PREFIX_MAX + 40)
         if not starts and h is None:
-            prelude.append(line)
-            if len(prelude) < _PRELUDE:
+            if len(prelude) < _PRELUDE - 1 and (prelude or _COMMAND_IN.search(body, 0, _PREFIX_MAX + 40)):
+                prelude.append(line)        # the command that was run, pasted above the log, and what follows
                 return []
             self._prelude = None
-            return prelude
+            return [*prelude, line]
         self._prelude = None
         if (h is not None and h.start() <= _PREFIX_MAX and body[:h.start()].strip(" \t>")
                 and not _VLLM_INSIDE.search(body, h.end())):

@@ -3,11 +3,17 @@ guesses either for a live stream (a server printing lines of one length looked h
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.core.vllm_text import Normalizer
 from supervisor.shell.launch import Watcher
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+import vllm_logs as cat  # noqa: E402
 
 # uvicorn's access line as vLLM's API server prints it: every one the same width
 ACCESS = '(APIServer pid=7) INFO:     10.0.0.{:03d}:4321{} - "POST /v1/chat/completions HTTP/1.1" 200 OK'
@@ -41,3 +47,19 @@ def test_the_daemons_classifier_reads_a_live_stream() -> None:
         classifier.feed(line)
     classifier.diagnose(None)
     assert list(classifier.lines)[-2:] == [lines[-2].split("INFO:     ", 1)[1], TAIL]
+
+
+def test_a_wrapper_that_prefixes_the_live_lines_is_read_as_the_log_itself() -> None:
+    # a launcher that tags its child's lines with a prefix nobody listed (srun --label's "0: "): the daemon's
+    # classifier learns it from the lines that carry vLLM's header and reads the traceback's lines behind it
+    cases = [c for c in cat.all_cases() if c.kind not in ("healthy", "incomplete", "no_vllm_output")][::25]
+    assert cases
+    for case in cases:
+        plain = Watcher.__dataclass_fields__["classifier"].default_factory()   # type: ignore[misc]
+        tagged = Watcher.__dataclass_fields__["classifier"].default_factory()  # type: ignore[misc]
+        for line in case.lines:
+            plain.feed(line)
+            tagged.feed("0: " + line)
+        want, got = plain.diagnose(case.exit_code), tagged.diagnose(case.exit_code)
+        assert (got.kind, got.phase, got.numbers) == (want.kind, want.phase, want.numbers), case.name
+        assert got.kind.value == case.kind, case.name

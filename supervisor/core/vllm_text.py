@@ -402,11 +402,28 @@ LEARNT = Carrier("prefix", "an unlisted program's: one shape on every line, lear
 # vLLM's own header (or its process tag before one) inside a line, or a traceback's frame: nothing vLLM
 # prints holds one (it does print "Traceback (most recent call last):" inside its messages), so what stands
 # before one is a carrier's, unless another follows (a paste that lost its line breaks)
-_VLLM_INSIDE = re.compile(r"(?:\(" + _PROC + r" pid=\d+(?:, ip=[^)]*)?\) ?)?"
-                          r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+# (the header may be cut short by a wrap: its process tag alone, or its level and date, still say it)
+_VLLM_INSIDE = re.compile(r"\(" + _PROC + r" pid=\d+\) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|$)"
+                          r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d(?: \d|$)"
                           r"|  File \"[^\"]+\", line \d+", re.I)
+# the tail of a known prefix that a narrow wrap cut off its line: a syslog identifier ("vllm-guard[8707]: ",
+# after journald's time and host), a process tag's "pid=N) " without its "(" (vLLM's, Ray's)
+_CUT_TAIL = re.compile(r"^[^\s\[\]:]+\[\d+\]: $|^[^(]*pid=\d+(?:, ip=[^)]*)?\) ?$")
+
+
+def _another_anchor(text: str, h: re.Match[str]) -> bool:
+    """Another of vLLM's headers or frames after the one ``h`` found (past its whole header): ``text`` holds
+    several records, a paste that lost its line breaks."""
+    whole = _FAST.match(text, h.start())
+    after = _VLLM_INSIDE.search(text, max(h.end(), whole.end() if whole else 0))
+    if after is not None and after.start() == h.end():      # (a process tag's own header, cut by a wrap)
+        after = _VLLM_INSIDE.search(text, after.end())
+    return after is not None
+
+
 _SHAPE_TOKEN = re.compile(r"\d+|[ \t]+|[^\d \t]")
 _PREFIX_MAX = 120       # how long a carrier's prefix may be
+_PAD_RUN = 8            # spaces at a line's end that are a terminal's padding, not vLLM's text
 _PRELUDE = 8            # a paste's first lines held until one shows whether a carrier's prefix is on them
 _COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... the command run
 
@@ -441,7 +458,10 @@ _STAMPED = re.compile(
     r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
     r"(?:" + _ZONE + r"|(?-i: ?(?:UTC|GMT|[A-Z][A-Z]?[SD]?T)))?)"
     r"(?:(?P<cri> (?P<stream>stdout|stderr) (?P<tag>[FP])(?: |$))"
-    r"|(?P<jd> [\w.-]+ " + _IDENT + r"(?: |$))"
+    # (an identifier, not an exception's name nor uvicorn's level: "<time> INFO KeyError: ..." and "<time> INFO
+    # INFO:     ..." are a console's level and a message)
+    r"|(?P<jd> [\w.-]+ (?![\w.]*(?:Error|Exception|Warning|Interrupt|Exit):|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):)"
+    + _IDENT + r"(?: |$))"
     r"|(?P<sep>\t+|\s*\|\s*| |$))", re.I   # (a paste retyped in lower case: "t", "z")
 )
 _SYSLOG = re.compile(
@@ -461,7 +481,8 @@ _RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
 _COMPOSE = re.compile(r"(?P<svc>[A-Za-z0-9][\w.-]*) +\|(?: |$)")
 _PRIORITY = re.compile(r"<[0-7]>")
 # After a console's time stamp: a host and a level, or a level, of the console's own (not vLLM's).
-_CONSOLE_REST = re.compile(r"(?:(?P<host>[\w.-]+)(?:\t+|\s*\|\s*| ))?(?P<lvl>" + _LVL_WORD
+_CONSOLE_REST = re.compile(r"(?:(?P<host>(?!(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b)[\w.-]+)(?:\t+|\s*\|\s*| ))?"
+                           r"(?P<lvl>" + _LVL_WORD
                            + r")(?:\t+|\s*\|\s*| )(?!\d\d-\d\d )")
 _JSON_KEYS = ("log", "MESSAGE", "textPayload", "message", "msg")
 _JSON_TIME = ("time", "timestamp", "__REALTIME_TIMESTAMP", "@timestamp", "ts")
@@ -937,13 +958,11 @@ class Normalizer:
         self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
         self._live = live
         self._pasted_text = not live                # what a medium did to the characters undone (a pipe: none)
-        self._padded = 0                            # lines that ended in a run of spaces, as wide as the last
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one seen twice: a carrier's, off every line
         self._prefix_widths: set[int] = set()      # ... how long it was on those lines
         self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
         self._replaying = False                     # ... being read
-        self._pad_width = 0                         # ... that did (a copy padded to the terminal's width)
         self._wrap_unknown()
         if live:
             self._order = "in"
@@ -1041,18 +1060,18 @@ class Normalizer:
 
     def _as_typed(self, line: str) -> str:
         """A pasted line as it was before the medium it went through (:func:`plain_chars`) and without a
-        terminal's padding: a copy padded to the terminal's width (a wrap's full pieces are not, and are read
-        as such). One space is kept: an editor's break (``fold -s``) or a cut at a space, it says how the
-        paste was wrapped. The kubelet cuts a partial entry after a count of bytes, in a run of spaces as
-        often as not: those spaces are its text's, unless the paste is padded (lines so ended, as wide)."""
+        terminal's padding (a copy that keeps the screen's cells: every row as wide as the terminal).
+
+        A wrap cuts a line inside a run of spaces as often as anywhere (vLLM's traceback lines hold runs
+        of five), and the kubelet cuts a partial entry after a count of bytes: those spaces are the text's.
+        A run of :data:`_PAD_RUN` or more ends no line of vLLM's: padding. A shorter one stays (a line
+        almost as wide as the terminal keeps a few spaces of padding, read as a wrap's cut at a space)."""
         if _medium_touched(line):
             line = plain_chars(line)
         if line[-2:] == "  " and line.strip(" "):
-            if len(line) == self._pad_width:
-                self._padded += 1
-            self._pad_width = len(line)
-            if self._padded >= 3 or not (self._partial or " stdout P " in line or " stderr P " in line):
-                line = line.rstrip(" ")
+            bare = line.rstrip(" ")
+            if len(line) - len(bare) >= _PAD_RUN:
+                return bare
         return line
 
     def flush(self) -> list[Record]:
@@ -1083,7 +1102,7 @@ class Normalizer:
             return [*prelude, line]
         self._prelude = None
         if (h is not None and h.start() <= _PREFIX_MAX and body[:h.start()].strip(" \t>")
-                and not _VLLM_INSIDE.search(body, h.end())):
+                and not _another_anchor(body, h) and not _CUT_TAIL.match(body[:h.start()])):
             shape = prefix_shape(body[:h.start()])     # (behind a known carrier's, if any)
             self._shapes[shape] += 1
             self._prefix = re.compile(shape)     # (how long it is on a line, read as that line is)
@@ -1182,12 +1201,13 @@ class Normalizer:
         # (behind a known carrier's prefix too: a PaaS's "app[web.1]: "; never in the pieces of a partial line)
         whole = not (self._partial or p.partial or self._json_buf)
         bare = self._unprefixed(p.text) if whole else None
+        carried: str | None = None
         if bare is not None:
             self.carriers[LEARNT.name] += 1
             if p.carriers:
                 p = p._replace(text=bare)
             else:
-                seg = bare
+                seg, carried = bare, seg        # (a carrier's line: never the rest of the line before)
                 if guard_own(seg):
                     self.guard_lines += 1
                     return
@@ -1206,7 +1226,7 @@ class Normalizer:
                 # than the prefix): held for that line
                 self._cut_head = (seg, width)
                 return
-            self._ordered(seg, width, None, None)
+            self._ordered(seg, width, carried, None)
             return
         text = p.text
         if guard_own(text):
@@ -1236,31 +1256,40 @@ class Normalizer:
         """``seg`` without the prefix of a carrier none of :data:`CARRIERS` is, or None (no such prefix).
 
         The log shows it: what stands before vLLM's header on a line is a carrier's (nothing vLLM prints
-        holds its own header), taken off there at once. Once two lines showed a prefix of one shape
-        (:func:`prefix_shape`), it comes off every line that begins with it, as long as it was on those (a
+        holds its own header), taken off there at once. The shape of the prefix shown most so far
+        (:func:`prefix_shape`) comes off every line that begins with it, as long as it was on those (a
         traceback's lines, a raw line, uvicorn's): a wrap's piece that begins like a right-aligned line
         number ("3 seconds") is not as long as ``cat -n``'s six columns."""
-        rx = self._prefix
-        if rx is not None:
-            m = rx.match(seg)
-            if m is not None and m.end() and (self._replaying
-                                              or any(abs(m.end() - w) <= 1 for w in self._prefix_widths)):
-                return seg[m.end():]
+        bare = self._learnt_off(seg)
+        if bare is not None:
+            return bare
         if seg[:1] in "DIWECdiwec(" and _vllm_starts(seg):
             return None
         h = _VLLM_INSIDE.search(seg, 1, _PREFIX_MAX + 40)
         if h is None or h.start() > _PREFIX_MAX:
             return None
         k = h.start()
-        if not seg[:k].strip() or _VLLM_INSIDE.search(seg, h.end()):
-            return None         # indentation (a paste's or a traceback's own), or records that lost their breaks
+        if not seg[:k].strip() or _another_anchor(seg, h) or _CUT_TAIL.match(seg[:k]):
+            # indentation (a paste's or a traceback's own), records that lost their breaks, a known prefix's tail
+            return None
         shape = prefix_shape(seg[:k])
         self._shapes[shape] += 1
-        if self._shapes[shape] >= 2 and len(self._prefix_widths) < 16:
+        if len(self._prefix_widths) < 16 and (self._prefix is None
+                                              or self._shapes[shape] >= self._shapes[self._prefix.pattern]):
             if self._prefix is None or self._prefix.pattern != shape:
                 self._prefix, self._prefix_widths = re.compile(shape), set()
             self._prefix_widths.add(k)
         return seg[k:]
+
+    def _learnt_off(self, seg: str) -> str | None:
+        """``seg`` without the learnt prefix it begins with (as long as it was where learnt), or None."""
+        rx = self._prefix
+        if rx is None:
+            return None
+        m = rx.match(seg)
+        if m is not None and m.end() and (self._replaying or any(abs(m.end() - w) <= 1 for w in self._prefix_widths)):
+            return seg[m.end():]
+        return None
 
     def _json_piece_last(self, seg: str) -> bool:
         """The open JSON line's last piece was its end, not a wrap's: shorter than any wrap leaves a line,
@@ -1804,6 +1833,7 @@ class Normalizer:
         if line:                 # the carrier's prefix itself may be what the wrap cut
             line = (line + raw if not sep else line.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
             joined = strip_carriers(line).text
+            joined = self._learnt_off(joined) or joined
         else:
             joined = (text + raw if not sep else text.rstrip() + sep + raw.lstrip())[:_JOIN_CAP]
             if line is None and text is head and _may_be_prefix(text):

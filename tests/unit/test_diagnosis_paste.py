@@ -138,6 +138,9 @@ CARRIER_LINES: dict[str, Callable[[str, int], str]] = {
     "cloud-logging-json": lambda m, i: json.dumps({"textPayload": m, "timestamp": _rfc3339nano(i),
                                                    "severity": "ERROR" if i % 2 else "INFO",
                                                    "resource": {"type": "k8s_container"}}),
+    # a launcher that relays its child's lines through Python's logging ("%(asctime)s %(levelname)s %(message)s",
+    # asctime's default format: milliseconds after a comma)
+    "python-logging": lambda m, i: f"{_t(i):%Y-%m-%d %H:%M:%S},{_t(i).microsecond // 1000:03d} INFO {m}",
     # a journald-bound stream read raw: the syslog priority prefix
     "priority": lambda m, i: f"<{3 if i % 2 else 6}>{m}",
 }
@@ -182,8 +185,10 @@ def any_carrier(draw: st.DrawFn) -> Paste:
         sep = draw(st.sampled_from([x for x in _SEPARATORS if x != " | " or shown[-1][:1] != "<"]), label="separator")
         parts.append(lambda i, m, field=field, sep=sep: field(i, m) + sep)
         shown.append(repr(sep))
-    return Paste(f"carrier {''.join(shown)}", lambda lines: ["".join(f(i, m) for f in parts) + m
-                                                            for i, m in enumerate(lines)], 2)
+    paste = Paste(f"carrier {''.join(shown)}", lambda lines: ["".join(f(i, m) for f in parts) + m
+                                                             for i, m in enumerate(lines)], 2)
+    paste.prefix = max(len("".join(f(i, "ERROR") for f in parts)) for i in (0, 9, 99, 999, 9999))
+    return paste
 
 
 #: carriers whose entries carry a time stamp (a console can list those newest first)
@@ -214,8 +219,11 @@ def _cri_partial(lines: list[str]) -> list[str]:
 class Paste:
     """A function over the log's lines, named for the failure message."""
 
-    def __init__(self, name: str, fn: Callable[[list[str]], list[str]], order: int, drops: str = "") -> None:
+    def __init__(self, name: str, fn: Callable[[list[str]], list[str]], order: int, drops: str = "",
+                 width: int = 0) -> None:
         self.name, self.fn, self.order, self.drops = name, fn, order, drops
+        self.width = width      # a wrap's
+        self.prefix = 0         # a carrier's prefix, at its widest (of those drawn from a grammar)
 
     def __repr__(self) -> str:
         return self.name
@@ -232,14 +240,15 @@ def _wrap(width: int) -> Paste:
         for line in lines:
             out += [line[k:k + width] for k in range(0, len(line), width)] or [""]
         return out
-    return Paste(f"hard wrap at {width}", fn, 4)
+    return Paste(f"hard wrap at {width}", fn, 4, width=width)
 
 
 def _padded_wrap(width: int) -> Paste:
     """A terminal's copy that keeps the screen's cells: each row padded with spaces to the width (a legacy
     Windows console, a block selection)."""
     wrap = _wrap(width).fn
-    return Paste(f"hard wrap at {width}, padded", lambda lines: [ln.ljust(width) for ln in wrap(lines)], 4)
+    return Paste(f"hard wrap at {width}, padded", lambda lines: [ln.ljust(width) for ln in wrap(lines)], 4,
+                 width=width)
 
 
 def _word_wrap(width: int, break_long_words: bool, break_on_hyphens: bool) -> Paste:
@@ -256,7 +265,7 @@ def _word_wrap(width: int, break_long_words: bool, break_on_hyphens: bool) -> Pa
             out += (wrapper.wrap(line) or [""]) if len(line) > width else [line]
         return out
     how = ("long words cut" if break_long_words else "long words whole") + (", at hyphens" if break_on_hyphens else "")
-    return Paste(f"word wrap at {width} ({how})", fn, 4)
+    return Paste(f"word wrap at {width} ({how})", fn, 4, width=width)
 
 
 def _quote(marker: str) -> Paste:
@@ -403,6 +412,8 @@ TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
 }
 
 
+#: how much of a line vLLM's header and process tag take ("(EngineCore_DP0 pid=3120) ERROR 11-30 12:00:00 ")
+_HEADER_ROOM = 50
 #: the ways a paste is wrapped (once: by a terminal or by an editor)
 _WRAPS = ("wrap", "padded-wrap", "word-wrap")
 #: the transformations that take the case (where its failure starts, its version), beside :data:`TRANSFORMS`
@@ -468,8 +479,15 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
                 wrapped = True
         else:
             out += draw(TRANSFORMS[name])
-    if medium == "medium" or (medium and not wrapped and case.name not in PRE_WRAPPED):
-        # (a renderer takes characters out of the lines, and how a paste was wrapped is read from their widths)
+    learnt = max((p.prefix for p in out), default=0)
+    if learnt and any(p.width and p.width < learnt + _HEADER_ROOM for p in out):
+        # a prefix nobody listed is learnt from the lines that show vLLM's header behind it: a wrap narrower
+        # than the two cuts both (a listed carrier's prefix is read whole again from its known shape)
+        out = [p for p in out if not p.width]
+    if medium == "medium" or (medium and not wrapped and case.name not in PRE_WRAPPED and "cri-partial" not in chosen):
+        # (a renderer takes characters out of the lines, and how a paste was wrapped is read from their widths;
+        # it drops the spaces a line ends in, and the kubelet cuts a partial entry in a run of spaces as often
+        # as not)
         out += draw(TRANSFORMS[medium])
     return out
 

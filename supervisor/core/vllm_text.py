@@ -424,8 +424,8 @@ def _another_anchor(text: str, h: re.Match[str]) -> bool:
 _SHAPE_TOKEN = re.compile(r"\d+|[ \t]+|[^\d \t]")
 _PREFIX_MAX = 120       # how long a carrier's prefix may be
 _PAD_RUN = 8            # spaces at a line's end that are a terminal's padding, not vLLM's text
-_PRELUDE = 8            # a paste's first lines held until one shows whether a carrier's prefix is on them
-_COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... the command run
+_PRELUDE = 8            # the lines of a command pasted above a log held until a line shows a carrier's prefix
+_COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... such a command
 
 
 def prefix_shape(prefix: str) -> str:
@@ -957,9 +957,8 @@ class Normalizer:
         self._soft_before = ""                      # the record before, read as an editor's wrap
         self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
         self._live = live
-        self._pasted_text = not live                # what a medium did to the characters undone (a pipe: none)
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
-        self._prefix: re.Pattern[str] | None = None     # ... the one seen twice: a carrier's, off every line
+        self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
         self._prefix_widths: set[int] = set()      # ... how long it was on those lines
         self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
         self._replaying = False                     # ... being read
@@ -1007,7 +1006,7 @@ class Normalizer:
         last = line[-1:]
         if last == "\n" or last == "\r":      # (a paste's CRLF lines split at LF: a blank one is "\r")
             line = line.rstrip("\r\n")
-        if self._pasted_text:
+        if not self._live:               # a paste: what a medium did to it undone (a pipe went through none)
             line = self._as_typed(line)
             if self._prelude is not None:
                 out = []
@@ -1375,15 +1374,18 @@ class Normalizer:
     def _space_reads(self, before: str, after: str) -> int:
         """How well a space reads between the end of ``before`` and the start of ``after``: 2 after a comma
         or a colon (before a word, a quote or a bracket: a repr's ``: {``) or between two words of vLLM's
-        messages, 0 inside a number, 1 otherwise."""
+        messages, 0 inside a number or a word of vLLM's cut in two ("proce" and "ss"), 1 otherwise."""
         last = before.rsplit(None, 1)[-1] if before.strip() else ""
         first = after.split(None, 1)[0] if after.strip() else ""
         if not last or not first:
             return 1
         if last[-1] in ",;:." and (first[0].isalpha() or first[0] in "([{"):
             return 2
-        if last[-1].isalpha() and first[0].isalpha() and self._two_words(last, first):
-            return 2
+        if last[-1].isalpha() and first[0].isalpha():
+            if self._two_words(last, first):
+                return 2
+            if self._glued_word(last, first):
+                return 0
         digits = last[-1].isdigit() or last[-1] == "."
         return 0 if digits and (first[0].isdigit() or first[0] == ".") else 1
 
@@ -1630,17 +1632,31 @@ class Normalizer:
     def _two_words(self, last: str, first: str) -> bool:
         """The end of ``last`` and the start of ``first`` are two words of vLLM's messages (the rules' own
         phrases) and together none: the space between them was there."""
-        if self._words is None:
-            cased = {w for phrases in self._recase._by_word.values() for _, p in phrases for w in _WORD.findall(p)}
-            self._words = frozenset(w.lower() for w in cased) | cased
+        words = self._vocabulary()
         a = _WORD.findall(last)
         b = _WORD.findall(first)
         if not a or not b:
             return False
         a_, b_ = a[-1].lower(), b[0].lower()    # (a letter alone is no word: "1.10x", "x86")
         # together, a word only as vLLM prints it ("APIServer": "API server" is two)
-        return (len(a_) > 1 and len(b_) > 1 and a_ in self._words and b_ in self._words
-                and a[-1] + b[0] not in self._words)
+        return len(a_) > 1 and len(b_) > 1 and a_ in words and b_ in words and a[-1] + b[0] not in words
+
+    def _vocabulary(self) -> frozenset[str]:
+        """The words of vLLM's messages (the rules' own phrases), as printed and in lower case."""
+        if self._words is None:
+            cased = {w for phrases in self._recase._by_word.values() for _, p in phrases for w in _WORD.findall(p)}
+            self._words = frozenset(w.lower() for w in cased) | cased
+        return self._words
+
+    def _glued_word(self, last: str, first: str) -> bool:
+        """The end of ``last`` and the start of ``first`` together are a word of vLLM's messages, and at
+        least one of them alone is none: a word cut in two."""
+        words = self._vocabulary()
+        a = _WORD.findall(last)
+        b = _WORD.findall(first)
+        if not a or not b:
+            return False
+        return (a[-1] + b[0]).lower() in words and not (a[-1].lower() in words and b[0].lower() in words)
 
     def _judge(self, pw: int, first: int, word: str, junction: int, spaced: bool) -> None:
         """What a line ``pw`` wide, then one that may go on with it (``first``: its first word's length,

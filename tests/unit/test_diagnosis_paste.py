@@ -286,7 +286,9 @@ _BLOCKS = {"p", "br", "li", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquo
 
 
 class _PageText(HTMLParser):
-    """The text a browser gives a copy of a rendered page: the characters, a line break per block."""
+    """The text a copy of a rendered page gives, as far as the characters go: the page's text, a line
+    break per block (a browser's innerText, approximated: no layout, which a copy of a log's lines needs
+    none of)."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)

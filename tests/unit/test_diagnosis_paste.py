@@ -224,7 +224,6 @@ class Paste:
         self.name, self.fn, self.order, self.drops = name, fn, order, drops
         self.width = width      # a wrap's
         self.prefix = 0         # a carrier's prefix, at its widest (of those drawn from a grammar)
-        self.around = False     # text put around the log (what it says is not the log's)
 
     def __repr__(self) -> str:
         return self.name
@@ -383,10 +382,8 @@ def _report(case: cat.Case, sections: list[str], fence: str) -> Paste:
     version = case.version or (m.group(0) if (m := re.search(r"\d+\.\d+\.\d+", case.name)) else "")
     head = [ln for name in sections for ln in _SECTIONS[name](version)]
     close = "~~~" if fence == "~~~" else "```"
-    paste = Paste(f"in a bug report ({', '.join(sections) or 'the log alone'}, {fence})",
-                  lambda lines: [*head, fence, *lines, close, *_CLOSING], 7)
-    paste.around = True
-    return paste
+    return Paste(f"in a bug report ({', '.join(sections) or 'the log alone'}, {fence})",
+                 lambda lines: [*head, fence, *lines, close, *_CLOSING], 7)
 
 
 LOWER = Paste("lower case", lambda lines: [ln.lower() for ln in lines], 0)
@@ -519,8 +516,9 @@ def _check_failure(case: cat.Case, ps: list[Paste]) -> None:
     assert got.kind.value == case.kind, where
     if case.phase is not None and not cut:
         assert got.phase == case.phase, where
-    # (whether a cut took the line that stated a number is read in the log, not in a report around it)
-    _same(got, case.numbers, ps, _apply(case, [p for p in ps if not p.around]))
+    # (whether a cut took the line that stated a number is read in the log as cut, not in what a carrier, a
+    # report or a medium put around or into it: a line number is no number of the log's)
+    _same(got, case.numbers, ps, _apply(case, [p for p in ps if p.drops]))
 
 
 def _check_healthy(case: cat.Case, ps: list[Paste]) -> None:

@@ -75,14 +75,6 @@ class Lines:
         return await asyncio.wait_for(find(), timeout)
 
 
-@pytest.fixture(params=["pidfd", "psutil"])
-def way(request, monkeypatch):
-    """Both ways of sending: through a pidfd, and psutil's check-then-kill (no pidfd: old kernels, seccomp)."""
-    if request.param == "pidfd" and not signalling.pidfd_usable:
-        pytest.skip("this kernel gives no pidfds")
-    monkeypatch.setattr(signalling, "pidfd_usable", request.param == "pidfd")
-    return request.param
-
 
 @pytest.fixture
 def impostors(tmp_path_factory):

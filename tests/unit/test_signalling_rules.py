@@ -204,14 +204,6 @@ def kids():
         k.close()
 
 
-@pytest.fixture(params=["pidfd", "psutil"])
-def way(request, monkeypatch):
-    """Both ways of sending: through a pidfd, and psutil's check-then-kill (old kernels, seccomp)."""
-    if request.param == "pidfd" and not signalling.pidfd_usable:
-        pytest.skip("this kernel gives no pidfds")
-    monkeypatch.setattr(signalling, "pidfd_usable", request.param == "pidfd")
-    return request.param
-
 
 class Caught:
     """Signals that reached this (the test's, the guard's) process, counted by handlers."""
@@ -673,10 +665,7 @@ def _forked(fn, timeout: float = 20.0) -> int:
 @pytest.mark.skipif(_AUDIT_ARCH is None, reason="seccomp filter written for x86_64 and aarch64")
 @pytest.mark.parametrize("syscall", ["pidfd_open", "pidfd_send_signal"])
 @pytest.mark.parametrize("err", [errno.EPERM, errno.ENOSYS])
-def test_where_pidfds_are_refused_the_signal_goes_by_psutils_check_then_kill(kids, monkeypatch, syscall, err):
-    if not signalling.pidfd_usable:
-        pytest.skip("this kernel gives no pidfds")
-    monkeypatch.setattr(signalling, "pidfd_usable", True)
+def test_where_pidfds_are_refused_the_signal_goes_by_psutils_check_then_kill(kids, pidfds, syscall, err):
     plain, target = kids(record=True), kids(record=True)
     # Here, unfiltered, the signal goes through a pidfd and pidfds stay in use.
     assert signalling.send(plain.proc, signal.SIGUSR1) is True and signalling.pidfd_usable is True
@@ -706,13 +695,10 @@ def test_where_pidfds_are_refused_the_signal_goes_by_psutils_check_then_kill(kid
 @pytest.mark.skipif(_AUDIT_ARCH is None, reason="seccomp filter written for x86_64 and aarch64")
 @pytest.mark.parametrize("syscall", ["pidfd_open", "pidfd_send_signal"])
 @pytest.mark.parametrize("err", [errno.EACCES, errno.ESRCH])
-def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, monkeypatch, syscall, err):
+def test_a_pidfd_failure_that_is_no_refusal_sends_nothing(kids, pidfds, syscall, err):
     # Only ENOSYS (no pidfds in this kernel) and EPERM (a seccomp filter) mean "signal another
     # way"; any other failure of a pidfd is no licence to signal by bare pid. ESRCH is the
     # kernel's answer when the process ended between the check and the signal.
-    if not signalling.pidfd_usable:
-        pytest.skip("this kernel gives no pidfds")
-    monkeypatch.setattr(signalling, "pidfd_usable", True)
     target = kids(record=True)
     assert signalling.send(target.proc, signal.SIGHUP) is True
 

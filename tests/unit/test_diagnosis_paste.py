@@ -354,9 +354,12 @@ _REPORT = Path(__file__).resolve().parents[1] / "fixtures" / "report"
 _FENCES = ["```", "```text", "```log", "```shell", "```console", "~~~"]
 
 
+_COLLECT_ENV = (_REPORT / "collect-env.txt").read_text().splitlines()
+_NVIDIA_SMI = (_REPORT / "nvidia-smi.txt").read_text().splitlines()
+
+
 def _collect_env(version: str) -> list[str]:
-    text = (_REPORT / "collect-env.txt").read_text()
-    return [ln.replace("{version}", version) for ln in text.splitlines() if version or "{version}" not in ln]
+    return [ln.replace("{version}", version) for ln in _COLLECT_ENV if version or "{version}" not in ln]
 
 
 _SECTIONS: dict[str, Callable[[str], list[str]]] = {
@@ -368,7 +371,7 @@ _SECTIONS: dict[str, Callable[[str], list[str]]] = {
                           "-p 8000:8000 --ipc=host vllm/vllm-openai:latest --model Qwen/Qwen2.5-7B-Instruct "
                           "--gpu-memory-utilization 0.9", "```", ""],
     "nvidia-smi": lambda v: ["nvidia-smi shows:", "", "```",
-                             *(_REPORT / "nvidia-smi.txt").read_text().splitlines(), "```", ""],
+                             *_NVIDIA_SMI, "```", ""],
     "prose": lambda v: ["### \U0001f41b Describe the bug", "",
                         "The server crashes at start-up every time. I tried a smaller --max-model-len and "
                         "--enforce-eager; the same error. Full log below.", ""],

@@ -202,6 +202,8 @@ def _medium_touched(line: str) -> bool:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;?]*[A-Za-z]|\[\d{1,3}(?:;\d{1,3})*m|\x1b")
 _ANSI_HINT = ("\x1b", "^[", "m(", "[0", "[1", "[3")
 _PROC = r"[A-Za-z_][\w:-]*(?: [\w=.:-]+)*"
+#: the level names vLLM's logger (and uvicorn's) prints
+_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 # Anything in front of the record: process and rank tags, glog headers, compose services, ISO stamps.
 _LEAD = re.compile(
     r"(?:\((?P<proc>" + _PROC + r") pid=\d+(?:, ip=[^)]*)?\)"
@@ -214,20 +216,20 @@ _LEAD = re.compile(
 _HEADER = re.compile(
     r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
     r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\])\s?"
-    r"|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+"
+    r"|(?P<ulvl>" + _LEVELS + r"):\s+"
 )
 # The common case, tried first: one optional process tag, then vLLM's log header or uvicorn's.
 _FAST = re.compile(
     r"(?:\((?P<proc>" + _PROC + r") pid=\d+\) ?)?"
-    r"(?:(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
+    r"(?:(?P<lvl>" + _LEVELS + r") \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>" + _LEVELS + r"):\s+)"
 )
 _FAST_ANY_CASE = re.compile(_FAST.pattern, re.I)
 _RANK = re.compile(r"(?:rank=|TP|rank)(\d+)", re.I)
 _RANK_OF: dict[str, int | None] = {}
 # Where to cut a log that was pasted with its line breaks lost.
 _SPLIT = re.compile(
-    r"(?<=\S)\s++(?=(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d)"
+    r"(?<=\S)\s++(?=(?:(?:" + _LEVELS + r") \d\d-\d\d \d\d:\d\d:\d\d)"
     r"|\([A-Za-z_][\w-]*(?: [\w=.-]+)* pid=\d+\)|\[rank\d+\]:|Traceback \(most recent call last\)"
     r"|File \"|\[[IWEF](?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\]|Killed$)"
 )
@@ -275,7 +277,7 @@ _CRASH_STARTS_LOW = tuple(s.lower() for s in _CRASH_STARTS)
 #: argparse's own lines: its usage and its error (``%(prog)s: error: %(message)s``)
 _ARGPARSE = re.compile(r"(?:usage: [\w.-]+(?: [\w.-]+)? \[|[\w.-]+(?: [\w.-]+)?: error: )", re.I)
 #: the start of vLLM's log header, its file and line cut off onto the next line by a wrap
-_HEADER_START = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d(?::\d\d(?:\.\d+)?)?(?: |$)",
+_HEADER_START = re.compile(r"(?:" + _LEVELS + r") \d\d-\d\d \d\d:\d\d(?::\d\d(?:\.\d+)?)?(?: |$)",
                            re.I)
 #: vLLM's process tag ending a line (what a log header after it on the next line belongs to)
 _TAG_END = re.compile(r"\(" + _PROC + r" pid=\d+\)\s*$")
@@ -403,12 +405,25 @@ LEARNT = Carrier("prefix", "an unlisted program's: one shape on every line, lear
 # prints holds one (it does print "Traceback (most recent call last):" inside its messages), so what stands
 # before one is a carrier's, unless another follows (a paste that lost its line breaks)
 # (the header may be cut short by a wrap: its process tag alone, or its level and date, still say it)
-_VLLM_INSIDE = re.compile(r"\(" + _PROC + r" pid=\d+\) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|$)"
-                          r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d(?: \d|$)"
+_VLLM_INSIDE = re.compile(r"\(" + _PROC + r" pid=\d+\) (?=(?:" + _LEVELS + r")\b|$)"
+                          r"|(?:" + _LEVELS + r") \d\d-\d\d(?: \d|$)"
                           r"|  File \"[^\"]+\", line \d+", re.I)
 # the tail of a known prefix that a narrow wrap cut off its line: a syslog identifier ("vllm-guard[8707]: ",
 # after journald's time and host), a process tag's "pid=N) " without its "(" (vLLM's, Ray's)
 _CUT_TAIL = re.compile(r"^[^\s\[\]:]+\[\d+\]: $|^[^(]*pid=\d+(?:, ip=[^)]*)?\) ?$")
+# ... and the rest of a process tag a wrap cut anywhere ("(APIServer pid=28" / "17) INFO ..."): a head that
+# closes a bracket the line before left open
+_CLOSES = re.compile(r"[^()\[\]]*[)\]]:? ?$")
+
+
+def _cut_off(before: str, head: str) -> bool:
+    """``head``, what stands before vLLM's header on a line, is the rest of the line ``before`` (a wrap's
+    piece), not a carrier's prefix: ``before`` leaves the bracket open that ``head`` closes."""
+    if not _CLOSES.fullmatch(head):
+        return False
+    close = head.rstrip(": ")[-1]
+    opening = "(" if close == ")" else "["
+    return before.rfind(opening) > before.rfind(close)
 
 
 def _another_anchor(text: str, h: re.Match[str]) -> bool:
@@ -460,7 +475,7 @@ _STAMPED = re.compile(
     r"(?:(?P<cri> (?P<stream>stdout|stderr) (?P<tag>[FP])(?: |$))"
     # (an identifier, not an exception's name nor uvicorn's level: "<time> INFO KeyError: ..." and "<time> INFO
     # INFO:     ..." are a console's level and a message)
-    r"|(?P<jd> [\w.-]+ (?![\w.]*(?:Error|Exception|Warning|Interrupt|Exit):|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):)"
+    r"|(?P<jd> [\w.-]+ (?![\w.]*(?:Error|Exception|Warning|Interrupt|Exit):|(?:" + _LEVELS + r"):)"
     + _IDENT + r"(?: |$))"
     r"|(?P<sep>\t+|\s*\|\s*| |$))", re.I   # (a paste retyped in lower case: "t", "z")
 )
@@ -481,7 +496,7 @@ _RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
 _COMPOSE = re.compile(r"(?P<svc>[A-Za-z0-9][\w.-]*) +\|(?: |$)")
 _PRIORITY = re.compile(r"<[0-7]>")
 # After a console's time stamp: a host and a level, or a level, of the console's own (not vLLM's).
-_CONSOLE_REST = re.compile(r"(?:(?P<host>(?!(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b)[\w.-]+)(?:\t+|\s*\|\s*| ))?"
+_CONSOLE_REST = re.compile(r"(?:(?P<host>(?!(?:" + _LEVELS + r")\b)[\w.-]+)(?:\t+|\s*\|\s*| ))?"
                            r"(?P<lvl>" + _LVL_WORD
                            + r")(?:\t+|\s*\|\s*| )(?!\d\d-\d\d )")
 _JSON_KEYS = ("log", "MESSAGE", "textPayload", "message", "msg")
@@ -594,7 +609,7 @@ def strip_carriers(line: str) -> _Peeled:
 
 # The level word of a line as Python's logging printed it: one of its five names, a whole word (never WARN
 # or FATAL), behind at most vLLM's process tag ("(APIServer pid=7) INFO 11-29 ...", uvicorn's "INFO:  ...").
-_LEVEL_WORD = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):?(?: |$)")
+_LEVEL_WORD = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(" + _LEVELS.encode() + rb"):?(?: |$)")
 
 
 def level_word(line: bytes) -> bytes | None:
@@ -758,7 +773,7 @@ class Recaser:
 
 
 _UPPER = re.compile(r"[A-Z]")
-_VLLM_TIME = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) ", re.I)
+_VLLM_TIME = re.compile(r"(?:" + _LEVELS + r") (\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) ", re.I)
 
 
 def folded(text: str) -> bool:
@@ -960,6 +975,7 @@ class Normalizer:
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
         self._prefix_widths: set[int] = set()      # ... how long it was on those lines
+        self._last_text = ""                        # the text of the line before (a wrap's piece's, too)
         self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
         self._replaying = False                     # ... being read
         self._wrap_unknown()
@@ -1101,7 +1117,8 @@ class Normalizer:
             return [*prelude, line]
         self._prelude = None
         if (h is not None and h.start() <= _PREFIX_MAX and body[:h.start()].strip(" \t>")
-                and not _another_anchor(body, h) and not _CUT_TAIL.match(body[:h.start()])):
+                and not _another_anchor(body, h) and not _CUT_TAIL.match(body[:h.start()])
+                and not (prelude and _cut_off(prelude[-1], body[:h.start()]))):
             shape = prefix_shape(body[:h.start()])     # (behind a known carrier's, if any)
             self._shapes[shape] += 1
             self._prefix = re.compile(shape)     # (how long it is on a line, read as that line is)
@@ -1268,8 +1285,10 @@ class Normalizer:
         if h is None or h.start() > _PREFIX_MAX:
             return None
         k = h.start()
-        if not seg[:k].strip() or _another_anchor(seg, h) or _CUT_TAIL.match(seg[:k]):
-            # indentation (a paste's or a traceback's own), records that lost their breaks, a known prefix's tail
+        if (not seg[:k].strip() or _another_anchor(seg, h) or _CUT_TAIL.match(seg[:k])
+                or _cut_off(self._last_text, seg[:k])):
+            # indentation (a paste's or a traceback's own), records that lost their breaks, a known prefix's tail,
+            # the rest of the line before
             return None
         shape = prefix_shape(seg[:k])
         self._shapes[shape] += 1
@@ -1482,6 +1501,7 @@ class Normalizer:
     def _ordered(self, text: str, width: int, carried: str | None, ts: str | None) -> None:
         """``carried``: the whole line as the carrier printed it ("" when put together from several,
         None when the line had no carrier)."""
+        self._last_text = text
         order = self._order
         if order == "in" or (order is None and ts is None and not self._held):
             self._carried(text, width, carried)

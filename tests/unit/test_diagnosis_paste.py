@@ -796,8 +796,8 @@ def test_what_each_medium_put_in_is_read_back(through: str, typed: str) -> None:
 
 @pytest.mark.parametrize("carrier", sorted(CARRIER_LINES))
 def test_a_wrap_that_cuts_vllms_header_anywhere_behind_a_carrier_keeps_the_record_whole(carrier: str) -> None:
-    """The wrap falls at every character of vLLM's process tag and log header behind the carrier's prefix: the rest of the
-    tag begins the next line ("(APIServer pid=28" / "17) INFO 11-30 ..."), and what stands before the header
+    """The wrap falls at every character of vLLM's process tag and log header behind the carrier's prefix: the
+    rest of the tag begins the next line ("(APIServer pid=28" / "17) INFO 11-30 ..."), and what stands before the header
     there is the line before's, not a prefix nobody listed (hypothesis found journald's cut in the pid's
     digits read as a learnt prefix: records of no process, a phase read from the wrong milestones)."""
     case = next(c for c in FAILURES if c.name.startswith("ray_tp_exceeds_gpus_warning@0.11.1"))

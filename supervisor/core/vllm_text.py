@@ -991,6 +991,8 @@ class Normalizer:
         width, the log at another or at none)."""
         self._breaks: list[tuple[int, int, str, int, bool]] = []    # where lines may have been broken
         self._max_width = 0
+        self._max_lead = 0                          # ... the indentation of its block taken off that line
+        self._lead_off = 0                          # ... and off the line read now
         self._at_max = 0
         self._at_max_text = ""
         self._hard_seen = 0                         # lines that went on after one as wide as the widest
@@ -1009,8 +1011,9 @@ class Normalizer:
 
     @property
     def wrap_width(self) -> int | None:
-        """The width the log was hard-wrapped at, once known."""
-        return self._max_width if self._confirmed() else None
+        """The width the log was hard-wrapped at, once known (the paste's own: without the indentation of a
+        block indented as a whole)."""
+        return self._max_width - self._max_lead if self._confirmed() else None
 
     def feed(self, line: str | bytes) -> list[Record]:
         if type(line) is bytes:
@@ -1161,8 +1164,11 @@ class Normalizer:
             self._all_quoted = False
             if self._quote_depth and _starts_record(seg):
                 self._quote_depth, self._quote = 0, ""      # the quote ended
-        seg = self._dedent(seg)
+        # how wide the line was when wrapped: with its indentation (the same on every line of an indented block,
+        # and a right-aligned line number's spaces, a carrier's, were there when the terminal wrapped it)
         width = len(seg)
+        seg = self._dedent(seg)
+        self._lead_off = width - len(seg)
         c = seg[:1]
         if (c == "`" or c == "~") and seg.startswith(("```", "~~~")) and not self._live:
             # a paste of its own starts: a bug report's blocks were pasted each on its own, each wrapped at its
@@ -1495,7 +1501,10 @@ class Normalizer:
             self._block_lead, self._new_block = lead, False
         if body.startswith(("```", "~~~")):
             self._new_block = True
-        return seg[min(lead, self._block_lead):]
+        # a line indented less than the block's first is none of its indented lines: a wrap's piece that begins
+        # with the text's own spaces (the block's lines were indented before the terminal wrapped them, or
+        # their spaces were a right-aligned line number's, a carrier's)
+        return seg[self._block_lead:] if lead >= self._block_lead else seg
 
     # ------------------------------------------------------------------ stage B: order
     def _ordered(self, text: str, width: int, carried: str | None, ts: str | None) -> None:
@@ -1634,8 +1643,10 @@ class Normalizer:
             return
         if width > self._max_width:
             self._max_width, self._at_max, self._at_max_text = width, 1, text
+            self._max_lead = self._lead_off
             self._recount()
         elif width == self._max_width and text != self._at_max_text:
+            self._max_lead = min(self._max_lead, self._lead_off)
             self._at_max += 1
             self._at_max_text = text
             if self._at_max == 2:

@@ -276,6 +276,12 @@ def _indent(pad: str) -> Paste:
     return Paste(f"indented by {pad!r}", lambda lines: [pad + ln for ln in lines], 6)
 
 
+def _indent_first(pad: str) -> Paste:
+    """Indented before it was wrapped (a list item's paste an editor then wrapped, a terminal showing an
+    indented file): the wrap's pieces of a line carry no indentation, those that begin with spaces the text's."""
+    return Paste(f"indented by {pad!r}, then wrapped", lambda lines: [pad + ln for ln in lines], 3)
+
+
 # --------------------------------------------------------------------------- what a medium does to the characters
 # markdown-it-py is the CommonMark renderer (GitHub's and Discourse's dialects are CommonMark); its
 # typographer is the one those forums enable: quotes curled, "--" and "..." replaced, (c) and +- made signs
@@ -410,6 +416,7 @@ TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "cri-partial": st.just([Paste("CRI partial lines", _cri_partial, 2)]),
     "quote": st.sampled_from(QUOTES).map(lambda q: [_quote(q)]),
     "indent": st.sampled_from(INDENTS).map(lambda p: [_indent(p)]),
+    "indent-first": st.sampled_from(INDENTS).map(lambda p: [_indent_first(p)]),
     "lower": st.just([LOWER]),
     "newest-first": st.sampled_from(STAMPED).map(_newest_first),
     "medium": st.sampled_from(sorted(MEDIA)).map(lambda n: [_medium(n)]),
@@ -451,7 +458,7 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
     chosen = names or tuple(draw(st.lists(st.sampled_from(sorted(TRANSFORMS) + EXTRAS), min_size=1,
                                           max_size=4, unique=True)))
     out: list[Paste] = []
-    carried = wrapped = False
+    carried = wrapped = indented = False
     medium = ""
     for name in chosen:
         if name == "head":
@@ -468,7 +475,7 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
                 medium = name
         elif case.name in PRE_WRAPPED and name in ("carrier", "any-carrier", "cri-partial", "newest-first", *_WRAPS):
             continue
-        elif case.name in PRE_QUOTED and name in ("quote", "indent"):
+        elif case.name in PRE_QUOTED and name in ("quote", "indent", "indent-first"):
             continue
         elif name == "cri-partial" and "padded-wrap" in chosen:
             # a padded copy of a CRI file's partial entries: the kubelet cuts an entry after a count of bytes, in
@@ -482,6 +489,12 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if not wrapped:
                 out += draw(TRANSFORMS[name])
                 wrapped = True
+        elif name in ("indent", "indent-first"):
+            # indented once: before the wrap or after it (a block indented twice, its lines after the wrap and
+            # again before it, shows a first line's indentation that no other line has, read as the block's)
+            if not indented:
+                out += draw(TRANSFORMS[name])
+                indented = True
         else:
             out += draw(TRANSFORMS[name])
     learnt = max((p.prefix for p in out), default=0)
@@ -806,3 +819,22 @@ def test_a_wrap_that_cuts_vllms_header_anywhere_behind_a_carrier_keeps_the_recor
     header = first.index("] ") + 2
     for width in range(max(40, prefix + 1), prefix + header + 1):     # (40: the narrowest wrap read as one)
         _check_failure(case, [_carrier(carrier), _wrap(width)])
+
+
+#: viewers that number lines right-aligned: each line's prefix begins with spaces (as many as the number leaves)
+_NUMBERED = {"cat -n": lambda i: f"{i + 1:6d}\t", "less -N": lambda i: f"{i + 1:7d} ",
+             "nl": lambda i: f"{i + 1:6d}  ", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
+
+
+@pytest.mark.parametrize("viewer", sorted(_NUMBERED))
+def test_a_right_aligned_line_number_wrapped_by_the_terminal_is_a_prefix_not_an_indentation(viewer: str) -> None:
+    """The terminal wrapped the numbered line whole, its number's spaces with it: they are no indented block's
+    (hypothesis found the first line's spaces taken for a code block's, its width short by them, and every
+    wrap of a healthy log read as an editor's, with spaces put into its words: a warning called fatal)."""
+    number = _NUMBERED[viewer]
+    numbered = Paste(f"carrier {viewer}", lambda lines: [number(i) + m for i, m in enumerate(lines)], 2)
+    healthy = next(c for c in FIXTURE_HEALTHY if c.name == "current/0.11.0-healthy-c10d-bind-warnings.log")
+    failure = next(c for c in FAILURES if c.name == "kv_v1_needed@0.14.0@0.21.0/kv_cache")
+    for width in range(60, 161, 5):
+        _check_healthy(healthy, [numbered, _wrap(width)])
+        _check_failure(failure, [numbered, _wrap(width)])

@@ -439,6 +439,9 @@ def _another_anchor(text: str, h: re.Match[str]) -> bool:
 _SHAPE_TOKEN = re.compile(r"\d+|[ \t]+|[^\d \t]")
 _PREFIX_MAX = 120       # how long a carrier's prefix may be
 _PAD_RUN = 8            # spaces at a line's end that are a terminal's padding, not vLLM's text
+# a line number right-aligned in its column (cat -n, less -N, nl): spaces that are no indentation (a clock's
+# "12:00:01" and a date's "2024-08-19" are no such number)
+_NUMBERED = re.compile(r"[ \t]+\d{1,7}(?:\t| |:(?!\d))")
 _PRELUDE = 8            # the lines of a command pasted above a log held until a line shows a carrier's prefix
 _COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... such a command
 
@@ -950,6 +953,7 @@ class Normalizer:
         self.dropped = 0                            # old entries of an over-long newest-first paste dropped
         self._recase = Recaser(vocabulary)
         self._block_lead = 0                        # the indentation of the block of lines being read
+        self._numbered = False                      # ... whose first line began with a right-aligned number
         self._new_block = True                      # the next non-blank line starts a block
         self._quote_depth = 0                       # the depth of a markdown quote the paste is in
         self._quote = ""                            # ... and its markers, as its first line wrote them
@@ -1479,8 +1483,8 @@ class Normalizer:
         indentation is the block's (a traceback's own indentation, deeper, stays)."""
         c = seg[:1]
         if c != " " and c != "\t":
-            if self._new_block:
-                self._block_lead, self._new_block = 0, False
+            if self._new_block or (self._numbered and c):
+                self._block_lead, self._new_block, self._numbered = 0, False, False
             if c == "`" or c == "~":
                 self._new_block = self._new_block or seg.startswith(("```", "~~~"))
             elif not c:
@@ -1498,7 +1502,13 @@ class Normalizer:
             return ""
         lead = len(seg) - len(body)
         if self._new_block:
-            self._block_lead, self._new_block = lead, False
+            self._new_block = False
+            # a right-aligned line number (cat -n, less -N, nl): its spaces are no indentation; the block's is
+            # what the other lines show, the least (the wrap's pieces of the numbered lines, a carrier's, none)
+            self._numbered = _NUMBERED.match(seg) is not None
+            self._block_lead = 0 if self._numbered else lead
+        elif self._numbered and not _NUMBERED.match(seg):
+            self._block_lead = lead if self._block_lead == 0 else min(lead, self._block_lead)
         if body.startswith(("```", "~~~")):
             self._new_block = True
         # a line indented less than the block's first is none of its indented lines: a wrap's piece that begins
@@ -1781,7 +1791,8 @@ class Normalizer:
             self._out.append(self._record(raw))
             return
         text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
-        if carried is None or len(carried) == width:    # (a line a carrier's joining put together: its pieces were)
+        if carried is None or 0 < len(carried) <= width:    # (a line a carrier's joining put together: its pieces were;
+            # one no longer than drawn is a line, its block's indentation off)
             self._note_width(width, text, _one_word(carried or raw))
             if width == self._max_width >= _WRAP_MIN and self._at_max >= 2 and raw[-1:] in (" ", "\t"):
                 self._spaced_end = True     # a terminal cut this line after a space (an editor drops it)

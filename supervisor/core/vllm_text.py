@@ -442,6 +442,10 @@ _PAD_RUN = 8            # spaces at a line's end that are a terminal's padding, 
 # a line number right-aligned in its column (cat -n, less -N, nl): spaces that are no indentation (a clock's
 # "12:00:01" and a date's "2024-08-19" are no such number)
 _NUMBERED = re.compile(r"[ \t]+\d{1,7}(?:\t| |:(?!\d))")
+# ... any line number a viewer puts before a line (grep -n's ":" or "-" too), and how many lines numbered one
+# after another say it is one
+_LINE_NUMBER = re.compile(r"[ \t]*(\d{1,7})(?:\t| |[:-](?!\d))")
+_NUMBERED_RUN = 3       # (two, where the paste ends there)
 _PRELUDE = 8            # the lines of a command pasted above a log held until a line shows a carrier's prefix
 _COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... such a command
 
@@ -979,6 +983,7 @@ class Normalizer:
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
         self._prefix_widths: set[int] = set()      # ... how long it was on those lines
+        self._numbers_only = False                  # ... learnt from line numbers, no line of vLLM's behind it yet
         self._last_text = ""                        # the text of the line before (a wrap's piece's, too)
         self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
         self._replaying = False                     # ... being read
@@ -1100,8 +1105,10 @@ class Normalizer:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
         out: list[Record] = []
         prelude, self._prelude = self._prelude or [], None
+        self._replaying = self._numbered_run(prelude, 2)        # (the paste ended: two numbered lines say it)
         for line in prelude:
             out += self._feed_line(line)
+        self._replaying = False
         self._out = out
         self._end_of_paste()
         return out
@@ -1117,8 +1124,12 @@ class Normalizer:
         starts = _vllm_starts(body)
         h = None if starts else _VLLM_INSIDE.search(body, 1, _PREFIX_MAX + 40)
         if not starts and h is None:
-            if len(prelude) < _PRELUDE - 1 and (prelude or _COMMAND_IN.search(body, 0, _PREFIX_MAX + 40)):
+            numbered = _LINE_NUMBER.match(body)
+            if len(prelude) < _PRELUDE - 1 and (prelude or numbered or _COMMAND_IN.search(body, 0, _PREFIX_MAX + 40)):
                 prelude.append(line)        # the command that was run, pasted above the log, and what follows
+                if numbered is not None and self._numbered_run(prelude, _NUMBERED_RUN):
+                    self._prelude = None
+                    return prelude
                 return []
             self._prelude = None
             return [*prelude, line]
@@ -1128,8 +1139,25 @@ class Normalizer:
                 and not (prelude and _cut_off(prelude[-1], body[:h.start()]))):
             shape = prefix_shape(body[:h.start()])     # (behind a known carrier's, if any)
             self._shapes[shape] += 1
-            self._prefix = re.compile(shape)     # (how long it is on a line, read as that line is)
+            self._prefix, self._numbers_only = re.compile(shape), False     # (its length read on each line)
         return [*prelude, line]
+
+    def _numbered_run(self, held: list[str], run: int) -> bool:
+        """The last ``run`` of the lines held begin with numbers one after another (cat -n, less -N, nl, grep -n
+        of a whole file): a viewer's prefix, though no line shows vLLM's header behind it; learnt if so."""
+        numbers = []
+        m = None
+        for line in held[-run:]:
+            m = _LINE_NUMBER.match(strip_carriers(line).text)
+            if m is None:
+                return False
+            numbers.append(int(m.group(1)))
+        if m is None or len(numbers) < run or any(b != a + 1 for a, b in zip(numbers, numbers[1:], strict=False)):
+            return False
+        shape = prefix_shape(m.group(0))
+        self._shapes[shape] += 1
+        self._prefix, self._prefix_widths, self._numbers_only = re.compile(shape), {m.end()}, True
+        return True
 
     def _end_of_paste(self) -> None:
         """The paste ended (the log did, or a code fence closed it): what it still holds comes out."""
@@ -1285,21 +1313,24 @@ class Normalizer:
         holds its own header), taken off there at once. The shape of the prefix shown most so far
         (:func:`prefix_shape`) comes off every line that begins with it, as long as it was on those (a
         traceback's lines, a raw line, uvicorn's): a wrap's piece that begins like a right-aligned line
-        number ("3 seconds") is not as long as ``cat -n``'s six columns."""
+        number ("3 seconds") is not as long as ``cat -n``'s six columns. A prefix learnt from line numbers
+        alone (:meth:`_numbered_run`) gives way to the one a line shows before vLLM's header (``grep -n`` of
+        ``cat -n``'s lines: two numbers)."""
         bare = self._learnt_off(seg)
-        if bare is not None:
+        if bare is not None and not self._numbers_only:
             return bare
         if seg[:1] in "DIWECdiwec(" and _vllm_starts(seg):
-            return None
+            return bare
         h = _VLLM_INSIDE.search(seg, 1, _PREFIX_MAX + 40)
-        if h is None or h.start() > _PREFIX_MAX:
-            return None
+        if h is None or h.start() > _PREFIX_MAX or (bare is not None and h.start() <= len(seg) - len(bare)):
+            return bare
         k = h.start()
         if (not seg[:k].strip() or _another_anchor(seg, h) or _CUT_TAIL.match(seg[:k])
                 or _cut_off(self._last_text, seg[:k])):
             # indentation (a paste's or a traceback's own), records that lost their breaks, a known prefix's tail,
             # the rest of the line before
-            return None
+            return bare
+        self._numbers_only = False
         shape = prefix_shape(seg[:k])
         self._shapes[shape] += 1
         if len(self._prefix_widths) < 16 and (self._prefix is None

@@ -828,7 +828,18 @@ def test_a_wrap_that_cuts_vllms_header_anywhere_behind_a_carrier_keeps_the_recor
 
 #: viewers that number lines right-aligned: each line's prefix begins with spaces (as many as the number leaves)
 _NUMBERED = {"cat -n": lambda i: f"{i + 1:6d}\t", "less -N": lambda i: f"{i + 1:7d} ",
-             "nl": lambda i: f"{i + 1:6d}  ", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
+             "nl": lambda i: f"{i + 1:6d}\t", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
+
+
+@pytest.mark.parametrize("viewer", [*sorted(_NUMBERED), "grep -n ''"])
+def test_every_saved_log_numbered_by_a_viewer_reads_as_it_does_plain(viewer: str) -> None:
+    """Lines numbered one after another say the viewer's prefix though no line shows vLLM's header behind it
+    (an argparse error, a usage text: found with the number's spaces read as a traceback's source line)."""
+    number = _NUMBERED.get(viewer, lambda i: f"{i + 1}:")
+    numbered = Paste(f"carrier {viewer}", lambda lines: [number(i) + m for i, m in enumerate(lines)], 2)
+    for case in FIXTURE_FAILURES + FIXTURE_HEALTHY:
+        if case.name not in PRE_WRAPPED:
+            (_check_healthy if case.kind == "healthy" else _check_failure)(case, [numbered])
 
 
 @pytest.mark.parametrize("viewer", sorted(_NUMBERED))

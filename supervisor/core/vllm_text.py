@@ -1120,7 +1120,10 @@ class Normalizer:
         is, the command is read with it known (see :meth:`_unprefixed`), as the lines after it are."""
         prelude = self._prelude
         assert prelude is not None
-        body = strip_carriers(_ANSI.sub("", line) if any(h in line for h in _ANSI_HINT) else line).text
+        body = _ANSI.sub("", line) if any(h in line for h in _ANSI_HINT) else line
+        if body[:1] in " \t" and not _NUMBERED.match(body):
+            body = body.lstrip(" \t")      # (an indented block's: off before the line is read, see _dedent)
+        body = strip_carriers(body).text
         starts = _vllm_starts(body)
         h = None if starts else _VLLM_INSIDE.search(body, 1, _PREFIX_MAX + 40)
         if not starts and h is None:

@@ -857,3 +857,17 @@ def test_a_right_aligned_line_number_wrapped_by_the_terminal_is_a_prefix_not_an_
         for set_off in ([], [_indent("    ")], [_indent_first("  ")]):
             _check_healthy(healthy, [numbered, _wrap(width), *set_off])
             _check_failure(failure, [numbered, _wrap(width), *set_off])
+
+
+@pytest.mark.parametrize("carrier", STAMPED)
+def test_a_command_pasted_above_an_indented_log_is_read_with_the_prefix_its_lines_show(carrier: str) -> None:
+    """The saved logs that begin with the command that was run, each line behind a listed carrier's stamp and
+    a tag nobody listed (nomad's ``[INFO]``), the whole indented (a code block): the command is held until a
+    line shows the prefix, and read as that line is, its indentation off (found: the prefix learnt with the
+    block's indentation and the stamp, which the lines read after it no longer had; the command's
+    --max-model-len lost)."""
+    tagged = Paste(f"carrier {carrier} and a tag", lambda lines: [CARRIER_LINES[carrier]("[INFO]  " + m, i)
+                                                                for i, m in enumerate(lines)], 2)
+    for case in FIXTURE_FAILURES:
+        if re.search(r"vllm serve|python3? -m vllm|docker run", case.lines[0]) and case.name not in PRE_WRAPPED:
+            _check_failure(case, [tagged, _indent("    ")])

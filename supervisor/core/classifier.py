@@ -53,6 +53,7 @@ from supervisor.core.messages import (
     _WARN_KEYS,
     _WARN_RULES,
     _WEAK_FRAMES,
+    ENCLOSING_FRAMES,
     COLLATERAL_ERRORS,
     ENGINE_BANNERS,
     ENGINE_FILES,
@@ -129,6 +130,7 @@ class Classifier:
         self._stopping = False       # the API server said it got a stop signal: what follows is its echo
         self._frame_phase: str | None = None   # the phase the current traceback's frames place it in
         self._frame_strong = False   # ... set by a frame of that phase itself, not a weak (serving/sampler) one
+        self._frame_at = ("", "")    # ... that frame's function and file
         self._frame_serving = False  # ... runs through a frame only a serving vLLM runs (its busy loop, a request)
         self._recent_first = False   # faulthandler's dump: the innermost frame comes first
         self._other_thread = False   # ... of a thread other than the one that crashed
@@ -367,9 +369,9 @@ class Classifier:
             return
         if self._recent_first:           # innermost first: the first known frame is the deepest
             if self._frame_phase is None or (not self._frame_strong and not weak):
-                self._frame_phase, self._frame_strong = where, not weak
+                self._frame_phase, self._frame_strong, self._frame_at = where, not weak, (name, path)
         elif not weak or self._frame_phase is None:
-            self._frame_phase, self._frame_strong = where, not weak
+            self._frame_phase, self._frame_strong, self._frame_at = where, not weak, (name, path)
         best = self._best
         if self._after_fatal and best is not None and best.kind is Kind.UNKNOWN_FAILURE and not self._serving:
             if where == "cudagraph":     # the interpreter died inside CUDA-graph capture
@@ -411,7 +413,7 @@ class Classifier:
                     self._capture_done = True
                 if phase == "serving":
                     self._serving = True
-                self._frame_phase, self._frame_strong = None, False   # a new stage: the old traceback is done
+                self._frame_phase, self._frame_strong, self._frame_at = None, False, ("", "")  # a new stage
                 self._frame_serving = False
                 if self._best is not None and self._best.provisional and new >= _PHASE["loading"]:
                     self._best, self._announced = None, False   # the placement group came after all
@@ -466,7 +468,7 @@ class Classifier:
         """Where the failure being read happened: serving, else the traceback's frames, else the milestone."""
         if self._serving or self._frame_serving:
             return "serving"
-        return self._frame_phase or self.phase
+        return self._frames_place()[0]
 
     def _check(self, text: str, level: int, rank: int | None, cap: int = 100) -> None:
         if not text or "%|" in text:
@@ -477,7 +479,7 @@ class Classifier:
         if text.startswith("Error executing method ") or "while processing method " in text:
             m = _METHOD.search(text)     # V0/Ray workers name the failing RPC
             if m and m.group(1) in _FRAME_PHASE:
-                self._frame_phase, self._frame_strong = _FRAME_PHASE[m.group(1)], True
+                self._frame_phase, self._frame_strong, self._frame_at = _FRAME_PHASE[m.group(1)], True, ("", "")
         if text == "Killed":   # the shell's note that the kernel (often the OOM killer) sent SIGKILL
             self._offer(_WRAPPER, Kind.ENGINE_DEAD, text, {}, self._place())
             return
@@ -553,9 +555,19 @@ class Classifier:
     def _in_capture(self) -> bool:
         if self._serving or self._frame_serving:
             return False
-        if self._frame_phase is not None:
-            return self._frame_phase == "cudagraph"
-        return self._phase == _PHASE["cudagraph"]
+        return self._frames_place()[0] == "cudagraph"
+
+    def _frames_place(self) -> tuple[str, str]:
+        """The phase the traceback's frames say, and what said it: the milestones when the deepest known frame
+        is one whose call runs later phases too (:data:`ENCLOSING_FRAMES`) and they reached a later one."""
+        where = self._frame_phase or self.phase
+        name, path = self._frame_at
+        part, floor = ENCLOSING_FRAMES.get(name, ("", ""))
+        if floor and part in path and self._phase and not (self._serving or self._frame_serving):
+            later = max(_PHASE[floor], self._phase)
+            if later != _PHASE[where]:
+                return PHASES[later], "milestone"
+        return where, "frames" if self._frame_phase else "milestone"
 
     def _where_oom(self, text: str) -> tuple[Kind, str, str]:
         """Place an OOM: (kind, phase, what placed it), from evidence only: the message itself, then
@@ -571,7 +583,7 @@ class Classifier:
         elif self._frame_serving:
             where, placed = "serving", "frames"
         elif self._frame_phase is not None and (self._frame_strong or not sampler):
-            where, placed = self._frame_phase, "frames"
+            where, placed = self._frames_place()
         elif sampler:
             return (Kind.OOM_PROFILE, "profiling" if self._phase <= _PHASE["profiling"] else "warmup",
                     "message" if not self._phase else "milestone")

@@ -652,6 +652,43 @@ def test_the_milestone_before_a_frameless_oom_places_it() -> None:
     assert classify([_LOADING, _TORCH_OOM], 1).kind is Kind.OOM_WEIGHTS
 
 
+_V0_LOADED = "INFO 10-15 12:00:00 model_runner.py:1077] Loading model weights took 14.9595 GB"
+_V0_BLOCKS = "INFO 10-15 12:00:03 distributed_gpu_executor.py:57] # GPU blocks: 2471, # CPU blocks: 2048"
+_V0_CAPTURING = ("INFO 10-15 12:00:04 model_runner.py:1398] Capturing the model for CUDA graphs. This may lead to "
+                 "unexpected consequences if the model is not static.")
+
+
+@pytest.mark.parametrize(("before", "frames", "kind", "phase"), [
+    # V0's worker initialize_cache sizes the KV cache, then warms up and captures: the frames below it were cut
+    ([_V0_LOADED, _V0_BLOCKS, _V0_CAPTURING], [("initialize_cache", f"{_S}/worker/worker.py")],
+     Kind.OOM_CUDAGRAPH, "cudagraph"),
+    ([_V0_LOADED, _V0_BLOCKS], [("initialize_cache", f"{_S}/worker/worker.py")], Kind.OOM_PROFILE, "kv_cache"),
+    # V0's model runner's execute_model runs the profile's batch: after the weights, before any serving
+    ([_V0_LOADED], [("execute_model", f"{_S}/worker/model_runner.py")], Kind.OOM_PROFILE, "profiling"),
+    ([_V0_LOADED, _V0_BLOCKS, _V0_CAPTURING], [("execute_model", f"{_S}/worker/model_runner.py")],
+     Kind.OOM_CUDAGRAPH, "cudagraph"),
+    # ... and the server's, once it serves
+    ([_V0_LOADED, _V0_BLOCKS, "INFO:     Application startup complete."],
+     [("execute_model", f"{_S}/worker/model_runner.py")], Kind.OOM_RUNTIME, "serving"),
+    # V1's executor initialize_from_config has its workers allocate, then compile, warm up and capture
+    (["(EngineCore_DP0 pid=7) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5     | 30/67"],
+     [("_initialize_kv_caches", f"{_S}/v1/engine/core.py"), ("initialize_from_config", f"{_S}/v1/executor/abstract.py")],
+     Kind.OOM_CUDAGRAPH, "cudagraph"),
+    # the whole traceback: its deepest frame places it, whatever the milestones
+    ([_V0_LOADED, _V0_BLOCKS, _V0_CAPTURING], [("initialize_cache", f"{_S}/worker/worker.py"),
+                                              ("_allocate_kv_cache", f"{_S}/worker/cache_engine.py")],
+     Kind.OOM_PROFILE, "kv_cache"),
+])
+def test_a_traceback_cut_below_a_frame_that_runs_later_phases_is_placed_by_the_milestones(
+        before: list[str], frames: list[tuple[str, str]], kind: Kind, phase: str) -> None:
+    """A paste that left the deeper frames out ("..." in the traceback, or its end only): the deepest frame
+    kept is one whose call runs the start-up's later phases too, so the milestones logged before it, of a later
+    phase, say where it failed."""
+    lines = [*before, "Traceback (most recent call last):", *[_frame(f, p) for f, p in frames], "...", _TORCH_OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (kind, phase), got
+
+
 def test_v0_model_execution_wrapper_is_no_evidence_of_serving() -> None:
     """vLLM 0.6.x's dump_input_when_exception wraps execute_model, which profile_run calls too."""
     line = _TORCH_OOM.replace("CUDA out of memory", "Error in model execution (input dumped to "

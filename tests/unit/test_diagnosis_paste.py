@@ -429,7 +429,7 @@ _HEADER_ROOM = 50
 #: the ways a paste is wrapped (once: by a terminal or by an editor)
 _WRAPS = ("wrap", "padded-wrap", "word-wrap")
 #: the transformations that take the case (where its failure starts, its version), beside :data:`TRANSFORMS`
-EXTRAS = ["head", "tail", "report"]
+EXTRAS = ["head", "tail", "report", "elide"]
 
 
 def _cut_head(case: cat.Case, k: int) -> Paste:
@@ -442,6 +442,30 @@ def _cut_tail(case: cat.Case, k: int) -> Paste | None:
         return None
     keep = first + 2 + k
     return Paste(f"tail cut after line {keep}", lambda lines: lines[:keep], 1, "tail")
+
+
+#: what people put where they left lines out of a paste
+_ELISIONS = ["...", "[...]", "<snip>", "(truncated)", "… 120 lines omitted …", "# ... (many lines) ...", "", "....",
+             "[ truncated ]", "<...>", "---"]
+#: vLLM's words that it serves (its HTTP server up, its traffic): a paste that leaves them out says nothing of it
+_SERVES = ("Application startup complete", "Starting vLLM API server", "Uvicorn running on", "Started server process",
+           "Avg prompt throughput", ' HTTP/1.1"', "Route: ")
+
+
+@st.composite
+def _elide(draw: st.DrawFn, case: cat.Case) -> Paste | None:
+    """A run of lines left out between the paste's first line and the failure's, a marker in their place (the
+    middle of a long traceback, the start-up's lines between its banner and the crash): never the failure's
+    line, nor one that says vLLM was serving."""
+    first = next((i for i, ln in enumerate(case.lines) if case.evidence and case.evidence.lower() in ln.lower()), None)
+    if first is None or first < 2:
+        return None
+    a = draw(st.integers(min_value=1, max_value=first - 1))
+    b = draw(st.integers(min_value=a + 1, max_value=first))
+    if any(w in ln for ln in case.lines[a:b] for w in _SERVES):
+        return None
+    mark = draw(st.sampled_from(_ELISIONS))
+    return Paste(f"lines {a}:{b} left out ({mark!r})", lambda lines: [*lines[:a], mark, *lines[b:]], 1, "middle")
 
 
 def _apply(case: cat.Case, pastes: list[Paste]) -> list[str]:
@@ -465,6 +489,11 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             out.append(_cut_head(case, draw(st.integers(min_value=0, max_value=max(0, case.start)))))
         elif name == "tail":
             cut = _cut_tail(case, draw(st.integers(min_value=0, max_value=3)))
+            if cut is not None:
+                out.append(cut)
+        elif name == "elide":
+            # (lines left out of the middle or the head cut: one, the lines' places are the log's)
+            cut = draw(_elide(case)) if "head" not in chosen else None
             if cut is not None:
                 out.append(cut)
         elif name == "report":

@@ -964,6 +964,7 @@ class Normalizer:
         self._all_quoted = True                     # every line so far began with ">"
         self._json_buf = ""                         # a JSON log line being put back together
         self._json_pieces: list[str] = []           # ... and its pieces, as wrapped
+        self._json_widths: list[int] = []           # ... how wide each was drawn
         self._cut_head: tuple[str, int] | None = None      # a line that began like a carrier's prefix, cut
         self._partial: dict[str | None, _Pieces] = {}      # CRI partial lines being joined, by stream
         self._cri_cuts: Counter[int] = Counter()            # ... their lengths (the kubelet's cut, mostly)
@@ -1215,7 +1216,7 @@ class Normalizer:
                                or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
             # pieces have any width): this line begins a record of its own, or is a JSON line whole
-            before = len(self._json_pieces[-1])
+            before = self._json_widths[-1]
             self._ordered(self._json_joined()[0], before, None, None)
         if self._json_buf or (c == "{" and seg[:2] == '{"' and not _json_closed(seg)):
             # a JSON log line a terminal or an editor wrapped: its pieces until the object closes. Every
@@ -1225,9 +1226,10 @@ class Normalizer:
             # of the whole run
             self._json_buf += seg
             if self._json_pieces:      # what the break says of how the paste was wrapped (see _wrap)
-                self._judge_break(self._json_pieces[-1], len(self._json_pieces[-1]), seg)
+                self._judge_break(self._json_pieces[-1], self._json_widths[-1], seg)
             self._json_pieces.append(seg)
-            self._note_width(len(seg), seg, _one_word(seg))
+            self._json_widths.append(width)     # (as drawn: its block's indentation with it)
+            self._note_width(width, seg, _one_word(seg))
             braced = seg.rstrip()[-1:] == "}"
             if (len(self._json_buf) < _JSON_WRAP_CAP and (len(seg) >= _SOFT_MIN or not braced)
                     and not (braced and _json_closed(self._json_buf))):
@@ -1357,7 +1359,7 @@ class Normalizer:
         """The open JSON line's last piece was its end, not a wrap's: shorter than any wrap leaves a line,
         unless ``seg``'s first word would not have fit after it (an editor's wrap at 40 columns leaves a
         line of 22 before a word of 23)."""
-        last = len(self._json_pieces[-1])
+        last = self._json_widths[-1]
         if last >= _SOFT_MIN:
             return False
         first = seg.lstrip().split(" ", 1)[0]
@@ -1476,20 +1478,20 @@ class Normalizer:
         as the log's other wrapped lines showed), joined with the space it dropped, glued only where it
         broke inside a word (see :meth:`_wrap`); glued when it would not parse otherwise. While the wrap is
         not known, both: (the likelier, the other); else (the one, None)."""
-        glued, pieces = self._json_buf, self._json_pieces
-        self._json_buf, self._json_pieces = "", []
+        glued, pieces, widths = self._json_buf, self._json_pieces, self._json_widths
+        self._json_buf, self._json_pieces, self._json_widths = "", [], []
         if len(pieces) < 2:
             return glued, None
         undecided = self._mode() is None
         soft = self._reads_soft()
         if not undecided and not soft:
             return glued, None
-        w = max(self._max_width, *(len(p) for p in pieces[:-1]))
+        w = max(self._max_width, *widths[:-1])
         out = [pieces[0]]
-        for before, piece in zip(pieces, pieces[1:], strict=False):
+        for before, width, piece in zip(pieces, widths, pieces[1:], strict=False):
             last = before.rsplit(None, 1)[-1] if before.strip() else ""
             first = piece.split(None, 1)[0] if piece.strip() else ""
-            out.append(piece if _in_word(last, first, len(before) == w, w, before.strip() == last)
+            out.append(piece if _in_word(last, first, width == w, w, before.strip() == last)
                        else " " + piece.lstrip())
         spaced = "".join(out)
         if not _json_closed(spaced) and _json_closed(glued):

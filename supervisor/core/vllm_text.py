@@ -446,6 +446,9 @@ _NUMBERED = re.compile(r"[ \t]+\d{1,7}(?:\t| |:(?!\d))")
 # after another say it is one
 _LINE_NUMBER = re.compile(r"[ \t]*(\d{1,7})(?:\t| |[:-](?!\d))")
 _NUMBERED_RUN = 3       # (two, where the paste ends there)
+# a line break written out ("\n") before a line of vLLM's or a traceback's: a string's repr pasted
+_LITERAL_BREAK = re.compile(r"\\n(?:Traceback \(most recent call last\)|  File \"|\(\w+ pid=\d+\) |"
+                            r"(?:" + _LEVELS + r") \d\d-\d\d |\w+(?:\.\w+)*(?:Error|Exception): )", re.I)
 _PRELUDE = 8            # the lines of a command pasted above a log held until a line shows a carrier's prefix
 _COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... such a command
 
@@ -1084,6 +1087,35 @@ class Normalizer:
         self._plain = (self._long_seen and self._pending is None and not self._held and self._order != "newest"
                        and not self._partial and not self._json_buf and not self._block_lead
                        and not self._quote_depth)
+        return self._apart(out) if out else out
+
+    def _apart(self, records: list[Record]) -> list[Record]:
+        """Records that hold several lines, each a record: a carrier's entry whose message has line breaks (a
+        structured logger's traceback, decoded from JSON), a paste of a string's repr (its line breaks written
+        ``\\n``; only before a line of vLLM's or a traceback's, see :data:`_LITERAL_BREAK`). Read once whole
+        again: a wrap's pieces were joined first."""
+        if not any("\n" in r.text or (not self._live and "\\n" in r.text) for r in records):
+            return records
+        out: list[Record] = []
+        for r in records:
+            text = r.text
+            if "\n" in text:
+                pieces = text.split("\n")
+            elif not self._live and "\\n" in text and _LITERAL_BREAK.search(text):
+                pieces = text.split("\\n")
+            else:
+                out.append(r)
+                continue
+            out.append(r._replace(text=pieces[0]))
+            for piece in pieces[1:]:
+                if piece.strip():
+                    if piece[:3] != "  F" and piece.lstrip().startswith('File "'):
+                        # a frame, as Python's traceback writes one (an editor's wrap that broke at its two
+                        # spaces and joined the pieces with one)
+                        piece = "  " + piece.lstrip()
+                    more = self._record(piece)      # (its own level: a traceback Python printed is no INFO's)
+                    out.append(more._replace(proc=more.proc or r.proc, rank=more.rank if more.rank is not None
+                                             else r.rank, joined=r.joined))
         return out
 
     def _as_typed(self, line: str) -> str:
@@ -1112,7 +1144,7 @@ class Normalizer:
         self._replaying = False
         self._out = out
         self._end_of_paste()
-        return out
+        return self._apart(out) if out else out
 
     def _prelude_step(self, line: str) -> list[str]:
         """The lines to read now. The command a paste shows above the log, before any line that shows vLLM's

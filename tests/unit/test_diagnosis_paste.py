@@ -219,7 +219,7 @@ def _cri_partial(lines: list[str]) -> list[str]:
 class Paste:
     """A function over the log's lines, named for the failure message."""
 
-    def __init__(self, name: str, fn: Callable[[list[str]], list[str]], order: int, drops: str = "",
+    def __init__(self, name: str, fn: Callable[[list[str]], list[str]], order: float, drops: str = "",
                  width: int = 0) -> None:
         self.name, self.fn, self.order, self.drops = name, fn, order, drops
         self.width = width      # a wrap's
@@ -429,7 +429,7 @@ _HEADER_ROOM = 50
 #: the ways a paste is wrapped (once: by a terminal or by an editor)
 _WRAPS = ("wrap", "padded-wrap", "word-wrap")
 #: the transformations that take the case (where its failure starts, its version), beside :data:`TRANSFORMS`
-EXTRAS = ["head", "tail", "report", "elide"]
+EXTRAS = ["head", "tail", "report", "elide", "repr"]
 
 
 def _cut_head(case: cat.Case, k: int) -> Paste:
@@ -468,6 +468,17 @@ def _elide(draw: st.DrawFn, case: cat.Case) -> Paste | None:
     return Paste(f"lines {a}:{b} left out ({mark!r})", lambda lines: [*lines[:a], mark, *lines[b:]], 1, "middle")
 
 
+def _repr(case: cat.Case) -> Paste:
+    """The failure pasted as a string's repr (an exception's text, a JSON field copied raw): its lines, from
+    where the failure starts, one line, each break written ``\\n``."""
+    start = case.lines[case.start].lower()
+
+    def fn(lines: list[str]) -> list[str]:
+        i = next((k for k, ln in enumerate(lines) if ln.lower() == start), None)     # (after a cut, in lower case)
+        return lines if i is None else [*lines[:i], "\\n".join(lines[i:])]
+    return Paste("the failure as a repr", fn, 1.5)
+
+
 def _apply(case: cat.Case, pastes: list[Paste]) -> list[str]:
     lines = list(case.lines)
     for p in sorted(pastes, key=lambda p: p.order):
@@ -491,6 +502,11 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             cut = _cut_tail(case, draw(st.integers(min_value=0, max_value=3)))
             if cut is not None:
                 out.append(cut)
+        elif name == "repr":
+            # (not wrapped: its one long line wrapped is read as the wrap reads it, each growing piece a record,
+            # before its written-out breaks are; a limit, docs/failure-catalogue.md)
+            if not any(w in chosen for w in _WRAPS):
+                out.append(_repr(case))
         elif name == "elide":
             # (lines left out of the middle or the head cut: one, the lines' places are the log's)
             cut = draw(_elide(case)) if "head" not in chosen else None

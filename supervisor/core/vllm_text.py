@@ -961,6 +961,7 @@ class Normalizer:
         self._recase = Recaser(vocabulary)
         self._block_lead = 0                        # the indentation of the block of lines being read
         self._numbered = False                      # ... whose first line began with a right-aligned number
+        self._first_rows = False                    # ... indented on its lines' first rows only (before a wrap)
         self._new_block = True                      # the next non-blank line starts a block
         self._quote_depth = 0                       # the depth of a markdown quote the paste is in
         self._quote = ""                            # ... and its markers, as its first line wrote them
@@ -1548,13 +1549,22 @@ class Normalizer:
     def _dedent(self, seg: str) -> str:
         """Take off the indentation of an indented block (a markdown code block, a list item's paste):
         a block starts the paste or follows a blank line or a code fence, and its first line's
-        indentation is the block's (a traceback's own indentation, deeper, stays)."""
+        indentation is the block's (a traceback's own indentation, deeper, stays; a line indented less keeps
+        its spaces, a wrap's piece, unless it begins a record: then the block's is its), unless that line
+        begins with a right-aligned line number: then the least its other lines show."""
         c = seg[:1]
         if c != " " and c != "\t":
-            if self._new_block or (self._numbered and c):
-                self._block_lead, self._new_block, self._numbered = 0, False, False
-            if c == "`" or c == "~":
-                self._new_block = self._new_block or seg.startswith(("```", "~~~"))
+            fence = (c == "`" or c == "~") and seg.startswith(("```", "~~~"))
+            if self._new_block and self._first_rows and c and not fence:
+                # the block's lines were indented before the wrap, its pieces not: after a blank line, a piece
+                # again, the block goes on
+                self._new_block = False
+            elif self._new_block or (self._numbered and c):
+                self._block_lead, self._new_block, self._numbered, self._first_rows = 0, False, False, False
+            elif c and self._block_lead:
+                self._first_rows = True
+            if fence:
+                self._new_block, self._first_rows = True, False
             elif not c:
                 self._new_block = True
             return seg
@@ -1577,6 +1587,10 @@ class Normalizer:
             self._block_lead = 0 if self._numbered else lead
         elif self._numbered and not _NUMBERED.match(seg):
             self._block_lead = lead if self._block_lead == 0 else min(lead, self._block_lead)
+        elif lead < self._block_lead and _starts_record(body):
+            # a record's line indented less than the block's first: that one's own indentation was in it (a
+            # traceback's frame); the block's is this
+            self._block_lead = lead
         if body.startswith(("```", "~~~")):
             self._new_block = True
         # a line indented less than the block's first is none of its indented lines: a wrap's piece that begins

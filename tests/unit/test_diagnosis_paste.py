@@ -917,3 +917,18 @@ def test_a_command_pasted_above_an_indented_log_is_read_with_the_prefix_its_line
     for case in FIXTURE_FAILURES:
         if re.search(r"vllm serve|python3? -m vllm|docker run", case.lines[0]) and case.name not in PRE_WRAPPED:
             _check_failure(case, [tagged, _indent("    ")])
+
+
+def test_a_paste_indented_before_its_wrap_goes_on_after_a_blank_line() -> None:
+    """Lines indented before the wrap (each line's first piece indented, its other pieces not), a blank line
+    among them: the block goes on after it, its indentation the same (found: the line after the blank, a
+    frame's first piece, its own two spaces with the block's four, set the block's at six, and the exception
+    line, indented four, kept them: read as a source line)."""
+    for cases in _BY_ROW.values():
+        case = cases[0]
+        frame = next((i for i, ln in enumerate(case.lines) if ln.startswith('  File "')), None)
+        if frame is None:
+            continue
+        blank = Paste("a blank line before a frame", lambda lines, i=frame: [*lines[:i], "", *lines[i:]], 1, "middle")
+        for wrap in (_wrap(74), _word_wrap(74, True, False)):
+            _check_failure(case, [_indent_first("    "), wrap, blank])

@@ -251,6 +251,13 @@ def _starts_record(text: str) -> bool:
                 or _EXC_ANY_CASE.match(body) or strip_carriers(body).carriers)
 
 
+def _breaks_written(text: str) -> bool:
+    """``text`` is a string's repr pasted (an exception's text, a JSON field copied raw): a line break written
+    out (``\\n``) stands before a line that begins a record or one of argparse's (vLLM's own text writes one
+    only inside a repr of its own, a chat template's, before no such line)."""
+    return any(_starts_record(p) or _ARGPARSE.match(p) for p in text.split("\\n")[1:])
+
+
 def _ends_a_frame(raw: str) -> bool:
     """A whole traceback frame or source line: an exception line after it is the traceback's end,
     not the rest of a line cut at the terminal's width."""
@@ -446,9 +453,6 @@ _NUMBERED = re.compile(r"[ \t]+\d{1,7}(?:\t| |:(?!\d))")
 # after another say it is one
 _LINE_NUMBER = re.compile(r"[ \t]*(\d{1,7})(?:\t| |[:-](?!\d))")
 _NUMBERED_RUN = 3       # (two, where the paste ends there)
-# a line break written out ("\n") before a line of vLLM's or a traceback's: a string's repr pasted
-_LITERAL_BREAK = re.compile(r"\\n(?:Traceback \(most recent call last\)|  File \"|\(\w+ pid=\d+\) |"
-                            r"(?:" + _LEVELS + r") \d\d-\d\d |\w+(?:\.\w+)*(?:Error|Exception): )", re.I)
 _PRELUDE = 8            # the lines of a command pasted above a log held until a line shows a carrier's prefix
 _COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... such a command
 
@@ -1064,7 +1068,8 @@ class Normalizer:
                     # the header of the line before (a busy server repeats it): ``_FAST`` would end where it
                     # does, as nothing of the header's pattern goes past it but a space, and read the same
                     self._new_block = self._all_quoted = False
-                    return [_record((line[k:], head[1], head[2], head[3], False, False))]
+                    one = [_record((line[k:], head[1], head[2], head[3], False, False))]
+                    return one if self._live or "\\n" not in line else self._apart(one)
             m = _FAST.match(line)
             if m:
                 self._new_block = self._all_quoted = False
@@ -1072,7 +1077,8 @@ class Normalizer:
                 end = m.end()
                 # kept unless a second process tag followed (0.31+), read by more than ``_FAST``
                 self._head = (line[:end], level, rank, proc) if line[end:end + 1] != "(" else None
-                return [_record((text, level, rank, proc, False, False))]
+                one = [_record((text, level, rank, proc, False, False))]
+                return one if self._live or "\\n" not in line else self._apart(one)
         if "\x00" in line:
             line = line.replace("\x00", "")
         out: list[Record] = []
@@ -1093,7 +1099,7 @@ class Normalizer:
     def _apart(self, records: list[Record]) -> list[Record]:
         """Records that hold several lines, each a record: a carrier's entry whose message has line breaks (a
         structured logger's traceback, decoded from JSON), a paste of a string's repr (its line breaks written
-        ``\\n``; only before a line of vLLM's or a traceback's, see :data:`_LITERAL_BREAK`). Read once whole
+        ``\\n``; only before a line that begins a record, see :func:`_breaks_written`). Read once whole
         again: a wrap's pieces were joined first."""
         if not any("\n" in r.text or (not self._live and "\\n" in r.text) for r in records):
             return records
@@ -1102,7 +1108,7 @@ class Normalizer:
             text = r.text
             if "\n" in text:
                 pieces = text.split("\n")
-            elif not self._live and "\\n" in text and _LITERAL_BREAK.search(text):
+            elif not self._live and "\\n" in text and _breaks_written(text):
                 pieces = text.split("\\n")
             else:
                 out.append(r)
@@ -1682,12 +1688,18 @@ class Normalizer:
     # ------------------------------------------------------------------ stage C: records, wrapped lines
     def _carried(self, text: str, width: int, carried: str | None) -> None:
         low = folded(text)
-        if len(text) > 400 and _SPLIT.search(text, 1):
-            pieces = self._pasted(text)
+        if len(text) > 400:
+            lines = [text]
+            if len(text) > _WRAP_MAX and not self._live and "\\n" in text and _breaks_written(text):
+                lines = [ln for ln in text.split("\\n") if ln.strip()]   # a string's repr: its breaks written out
+            pieces = [p for ln in lines for p in (self._pasted(ln) if len(ln) > 400 and _SPLIT.search(ln, 1)
+                                                  else [ln])]
             if len(pieces) > 1:
                 self._flush_pending()
                 self._note_width(_WRAP_MAX + 1, "")
                 for piece in pieces:
+                    if piece[:3] != "  F" and piece.lstrip().startswith('File "'):
+                        piece = "  " + piece.lstrip()       # (a frame, as Python's traceback writes one)
                     t, level, rank, proc = strip_header(piece)
                     self._out.append(Record(self._recase.phrases(t) if low else t, level, rank, proc, True))
                 return

@@ -581,6 +581,8 @@ def _check_failure(case: cat.Case, ps: list[Paste]) -> None:
     if cut and got.phase == "unknown" and case.kind.startswith("oom_") and got.kind.value.startswith("oom_"):
         return   # the cut took every line that placed the OOM (its frames, the milestones): its phase is unknown
     assert got.kind.value == case.kind, where
+    if not any("\\n" in ln for ln in case.lines):     # the evidence is one record: no break written out in it
+        assert "\\n" not in got.evidence, where
     if case.phase is not None and not cut:
         assert got.phase == case.phase, where
     # (whether a cut took the line that stated a number is read in the log as cut, not in what a carrier, a

@@ -1700,8 +1700,8 @@ class Normalizer:
                 for piece in pieces:
                     if piece[:3] != "  F" and piece.lstrip().startswith('File "'):
                         piece = "  " + piece.lstrip()       # (a frame, as Python's traceback writes one)
-                    t, level, rank, proc = strip_header(piece)
-                    self._out.append(Record(self._recase.phrases(t) if low else t, level, rank, proc, True))
+                    # (as a line is read: typed in lower case, its level's case given back too)
+                    self._out.append(self._record(piece)._replace(pasted=True))
                 return
         self._wrap(text, width, carried, low)
 

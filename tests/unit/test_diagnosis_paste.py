@@ -456,7 +456,8 @@ _SERVES = ("Application startup complete", "Starting vLLM API server", "Uvicorn 
 def _elide(draw: st.DrawFn, case: cat.Case) -> Paste | None:
     """A run of lines left out between the paste's first line and the failure's, a marker in their place (the
     middle of a long traceback, the start-up's lines between its banner and the crash): never the failure's
-    line, nor one that says vLLM was serving."""
+    line, nor one that says vLLM was serving. Left out in an editor, after the copy (a terminal's wrap comes
+    after it here only because the pieces of a line are left out with it)."""
     first = next((i for i, ln in enumerate(case.lines) if case.evidence and case.evidence.lower() in ln.lower()), None)
     if first is None or first < 2:
         return None
@@ -465,7 +466,21 @@ def _elide(draw: st.DrawFn, case: cat.Case) -> Paste | None:
     if any(w in ln for ln in case.lines[a:b] for w in _SERVES):
         return None
     mark = draw(st.sampled_from(_ELISIONS))
-    return Paste(f"lines {a}:{b} left out ({mark!r})", lambda lines: [*lines[:a], mark, *lines[b:]], 1, "middle")
+    gone = {ln.lower() for ln in case.lines[a:b]}
+
+    def fn(lines: list[str]) -> list[str]:
+        # in an editor, after the copy: the lines (behind their carrier's prefixes, in the order listed) that
+        # hold those left out, the marker where the first was (typed, with no prefix; wrapped as the rest)
+        out: list[str] = []
+        for ln in lines:
+            low = ln.lower()
+            if any(g in low for g in gone):
+                if not out or out[-1] != mark:
+                    out.append(mark)
+            else:
+                out.append(ln)
+        return out
+    return Paste(f"lines {a}:{b} left out ({mark!r})", fn, 3.5, "middle")
 
 
 def _repr(case: cat.Case) -> Paste:
@@ -508,8 +523,9 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if not any(w in chosen for w in _WRAPS):
                 out.append(_repr(case))
         elif name == "elide":
-            # (lines left out of the middle or the head cut: one, the lines' places are the log's)
-            cut = draw(_elide(case)) if "head" not in chosen else None
+            # (lines left out of the middle or the head cut: one, the lines' places are the log's; a repr's lines
+            # are one)
+            cut = draw(_elide(case)) if "head" not in chosen and "repr" not in chosen else None
             if cut is not None:
                 out.append(cut)
         elif name == "report":

@@ -521,7 +521,9 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
         elif name == "repr":
             # (not wrapped: its one long line wrapped is read as the wrap reads it, each growing piece a record,
             # before its written-out breaks are; a limit, docs/failure-catalogue.md)
-            if not any(w in chosen for w in _WRAPS):
+            # (the catalogue's logs, where the failure's start is known: a saved log's is not, and its whole text,
+            # a journal's prefixes and all, is no exception's)
+            if not any(w in chosen for w in _WRAPS) and case.start > 0:
                 out.append(_repr(case))
         elif name == "elide":
             # (lines left out of the middle or the head cut: one, the lines' places are the log's; a repr's lines

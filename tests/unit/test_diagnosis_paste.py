@@ -898,7 +898,7 @@ def test_a_wrap_that_cuts_vllms_header_anywhere_behind_a_carrier_keeps_the_recor
 
 #: viewers that number lines right-aligned: each line's prefix begins with spaces (as many as the number leaves)
 _NUMBERED = {"cat -n": lambda i: f"{i + 1:6d}\t", "less -N": lambda i: f"{i + 1:7d} ",
-             "nl": lambda i: f"{i + 1:6d}\t", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
+             "nl -s ' '": lambda i: f"{i + 1:6d} ", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
 
 
 @pytest.mark.parametrize("viewer", [*sorted(_NUMBERED), "grep -n ''"])

@@ -1385,14 +1385,21 @@ class Normalizer:
         return seg[k:]
 
     def _learnt_off(self, seg: str) -> str | None:
-        """``seg`` without the learnt prefix it begins with (as long as it was where learnt), or None."""
+        """``seg`` without the learnt prefix it begins with (as long as it was where learnt: a number's digit
+        more or less, or a ``:`` for a ``-``; a right-aligned number's column exactly, or one wider that the
+        number outgrew: a wrap's piece "29500 (errno ..." is no ``less -N`` column), or None."""
         rx = self._prefix
         if rx is None:
             return None
         m = rx.match(seg)
-        if m is not None and m.end() and (self._replaying or any(abs(m.end() - w) <= 1 for w in self._prefix_widths)):
-            return seg[m.end():]
-        return None
+        if m is None or not m.end():
+            return None
+        end, widths = m.end(), self._prefix_widths
+        if rx.pattern[:6] == "[ \\t]*":       # a right-aligned number's column
+            fits = end in widths or (seg[:1] not in " \t" and end - 1 in widths)
+        else:
+            fits = any(abs(end - w) <= 1 for w in widths)
+        return seg[end:] if fits or self._replaying else None
 
     def _json_piece_last(self, seg: str) -> bool:
         """The open JSON line's last piece was its end, not a wrap's: shorter than any wrap leaves a line,

@@ -251,6 +251,14 @@ def _starts_record(text: str) -> bool:
                 or _EXC_ANY_CASE.match(body) or strip_carriers(body).carriers)
 
 
+def _framed(piece: str) -> str:
+    """A line cut out of one that held several: a traceback's frame with Python's two spaces before it (the
+    spaces were lost with the line break, or an editor's wrap broke there and joined the pieces with one)."""
+    if piece[:3] != "  F" and piece.lstrip().startswith('File "'):
+        return "  " + piece.lstrip()
+    return piece
+
+
 def _breaks_written(text: str) -> bool:
     """``text`` is a string's repr pasted (an exception's text, a JSON field copied raw): a line break written
     out (``\\n``) stands before a line that begins a record or one of argparse's (vLLM's own text writes one
@@ -1116,11 +1124,7 @@ class Normalizer:
             out.append(r._replace(text=pieces[0]))
             for piece in pieces[1:]:
                 if piece.strip():
-                    if piece[:3] != "  F" and piece.lstrip().startswith('File "'):
-                        # a frame, as Python's traceback writes one (an editor's wrap that broke at its two
-                        # spaces and joined the pieces with one)
-                        piece = "  " + piece.lstrip()
-                    more = self._record(piece)      # (its own level: a traceback Python printed is no INFO's)
+                    more = self._record(_framed(piece))     # (its own level: a traceback Python printed is no INFO's)
                     out.append(more._replace(proc=more.proc or r.proc, rank=more.rank if more.rank is not None
                                              else r.rank, joined=r.joined))
         return out
@@ -1705,10 +1709,8 @@ class Normalizer:
                 self._flush_pending()
                 self._note_width(_WRAP_MAX + 1, "")
                 for piece in pieces:
-                    if piece[:3] != "  F" and piece.lstrip().startswith('File "'):
-                        piece = "  " + piece.lstrip()       # (a frame, as Python's traceback writes one)
                     # (as a line is read: typed in lower case, its level's case given back too)
-                    self._out.append(self._record(piece)._replace(pasted=True))
+                    self._out.append(self._record(_framed(piece))._replace(pasted=True))
                 return
         self._wrap(text, width, carried, low)
 

@@ -441,6 +441,14 @@ def _cut_off(before: str, head: str) -> bool:
     return before.rfind(opening) > before.rfind(close)
 
 
+def _no_prefix(text: str, h: re.Match[str], before: str) -> bool:
+    """What stands before the header or frame ``h`` found in ``text`` is no carrier's prefix: records that lost
+    their line breaks (another follows), a known prefix's tail a narrow wrap cut off, or the rest of the line
+    ``before`` (a wrap's piece)."""
+    head = text[:h.start()]
+    return _another_anchor(text, h) or bool(_CUT_TAIL.match(head)) or _cut_off(before, head)
+
+
 def _another_anchor(text: str, h: re.Match[str]) -> bool:
     """Another of vLLM's headers or frames after the one ``h`` found (past its whole header): ``text`` holds
     several records, a paste that lost its line breaks."""
@@ -1182,8 +1190,7 @@ class Normalizer:
             return [*prelude, line]
         self._prelude = None
         if (h is not None and h.start() <= _PREFIX_MAX and body[:h.start()].strip(" \t>")
-                and not _another_anchor(body, h) and not _CUT_TAIL.match(body[:h.start()])
-                and not (prelude and _cut_off(prelude[-1], body[:h.start()]))):
+                and not _no_prefix(body, h, prelude[-1] if prelude else "")):
             shape = prefix_shape(body[:h.start()])     # (behind a known carrier's, if any)
             self._shapes[shape] += 1
             self._prefix, self._numbers_only = re.compile(shape), False     # (its length read on each line)
@@ -1373,8 +1380,7 @@ class Normalizer:
         if h is None or h.start() > _PREFIX_MAX or (bare is not None and h.start() <= len(seg) - len(bare)):
             return bare
         k = h.start()
-        if (not seg[:k].strip() or _another_anchor(seg, h) or _CUT_TAIL.match(seg[:k])
-                or _cut_off(self._last_text, seg[:k])):
+        if not seg[:k].strip() or _no_prefix(seg, h, self._last_text):
             # indentation (a paste's or a traceback's own), records that lost their breaks, a known prefix's tail,
             # the rest of the line before
             return bare

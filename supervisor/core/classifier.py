@@ -654,8 +654,9 @@ def place(d: Diagnosis, phase: str) -> Diagnosis:
 
 
 def _whole(piece: str, text: str) -> bool:
-    """``text`` is ``piece``'s record whole (a piece of a wrapped line was read on its own first)."""
-    return len(text) > len(piece) >= 20 and piece in text
+    """``text`` is ``piece``'s record whole (a piece of a wrapped line was read on its own first: its first,
+    however short, or one of 20 characters or more anywhere in it)."""
+    return len(text) > len(piece) and (text.startswith(piece) or len(piece) >= 20 and piece in text)
 
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})

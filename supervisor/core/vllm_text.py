@@ -246,9 +246,14 @@ def _starts_record(text: str) -> bool:
     """A line that begins a record: vLLM's header or process tag, a traceback's lines, an exception
     line, a carrier's prefix (what a quoted or indented paste begins with)."""
     body = text.lstrip(" \t")
+    return _starts_own_record(body) or bool(strip_carriers(body).carriers)
+
+
+def _starts_own_record(body: str) -> bool:
+    """... of vLLM's or Python's own (no carrier's): the lines that may carry an indentation of their own."""
     return bool(_vllm_starts(body) or _FAST_ANY_CASE.match(body) or body.startswith(RECORD_STARTS)
                 or body.startswith(("[rank", '{"', "$ ", "vllm serve", "python -m vllm", "python3 -m vllm"))
-                or _EXC_ANY_CASE.match(body) or strip_carriers(body).carriers)
+                or _EXC_ANY_CASE.match(body))
 
 
 def _framed(piece: str) -> str:
@@ -266,6 +271,26 @@ def _breaks_written(text: str) -> bool:
     return any(_starts_record(p) or _ARGPARSE.match(p) for p in text.split("\\n")[1:])
 
 
+# the beginning of vLLM's process tag and log header, cut anywhere ("(EngineCore pid=31", "ERR", "ERROR 11-30 12:0",
+# "INFO 11-30 12:00:00 [core.py")
+_HEADER_BEGUN = re.compile(r"(?:\([\w:-]*(?: [\w=.:-]*)*\)? ?)?(?:"
+                           + "|".join(w[:k] for w in _LEVELS.split("|") for k in range(len(w), 0, -1))
+                           + r")?(?: [\d:. -]*(?:\[?[\w./-]*:?\d*\]?)?)?", re.I)
+
+
+def _header_begun(text: str) -> int | None:
+    """Where a string's repr pasted ends in a written-out break and only the beginning of the next record after
+    it (a wrap's piece, cut there: its header's, a traceback's or multiprocessing's first words), or None."""
+    k = text.rfind("\\n")
+    if k < 0 or len(text) - k > 80:
+        return None
+    tail = text[k + 2:].lower()
+    if (_HEADER_BEGUN.fullmatch(tail) or any(s.startswith(tail) for s in _RECORD_STARTS_LOW)
+            or _PROCESS_BEGUN.fullmatch(tail)):
+        return k
+    return None
+
+
 def _ends_a_frame(raw: str) -> bool:
     """A whole traceback frame or source line: an exception line after it is the traceback's end,
     not the rest of a line cut at the terminal's width."""
@@ -276,6 +301,7 @@ def _ends_a_frame(raw: str) -> bool:
 RECORD_STARTS = ("File \"", "Traceback", "During handling", "The above exception", "Process ")
 _RECORD_STARTS_LOW = tuple(s.lower() for s in RECORD_STARTS)
 _PROCESS_LINE = re.compile(r"Process [\w.-]+:\s*$", re.I)     # multiprocessing's "Process EngineCore_DP0:"
+_PROCESS_BEGUN = re.compile(r"process(?: [\w.-]*)?")           # ... its beginning (in lower case)
 
 
 #: The shell's notes on how a process it ran ended, each a whole line of its own (bash's job report):
@@ -294,6 +320,9 @@ _ARGPARSE = re.compile(r"(?:usage: [\w.-]+(?: [\w.-]+)? \[|[\w.-]+(?: [\w.-]+)?:
 #: the start of vLLM's log header, its file and line cut off onto the next line by a wrap
 _HEADER_START = re.compile(r"(?:" + _LEVELS + r") \d\d-\d\d \d\d:\d\d(?::\d\d(?:\.\d+)?)?(?: |$)",
                            re.I)
+#: a log header's level ending a line (after a break, written out in a repr or not): the rest of the header
+#: on the next line goes on with it
+_LEVEL_ENDS = re.compile(r"(?:^|\W|\\n)(?:" + _LEVELS + r") ?$", re.I)
 #: vLLM's process tag ending a line (what a log header after it on the next line belongs to)
 _TAG_END = re.compile(r"\(" + _PROC + r" pid=\d+\)\s*$")
 
@@ -429,11 +458,22 @@ _CUT_TAIL = re.compile(r"^[^\s\[\]:]+\[\d+\]: $|^[^(]*pid=\d+(?:, ip=[^)]*)?\) ?
 # ... and the rest of a process tag a wrap cut anywhere ("(APIServer pid=28" / "17) INFO ..."): a head that
 # closes a bracket the line before left open
 _CLOSES = re.compile(r"[^()\[\]]*[)\]]:? ?$")
+# ... or of vLLM's log header ("ERROR 11-30 12:0" / "0:00 [core.py:242]   File ..."): one that ends where
+# the head does
+_HEADER_ENDS = re.compile(r"(?:" + _LEVELS + r") \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?$",
+                          re.I)
 
 
 def _cut_off(before: str, head: str) -> bool:
-    """``head``, what stands before vLLM's header on a line, is the rest of the line ``before`` (a wrap's
-    piece), not a carrier's prefix: ``before`` leaves the bracket open that ``head`` closes."""
+    """``head``, what stands before vLLM's header or a frame on a line, is the rest of the line ``before`` (a
+    wrap's piece), not a carrier's prefix: ``before`` leaves the bracket open that ``head`` closes, or begins
+    the log header that ``head`` ends."""
+    if len(head) < 60:
+        tail, rest = before[-60:], head.rstrip(" \t")
+        for joined in (tail + rest, tail + " " + rest):     # (a terminal's cut; an editor's, its space dropped)
+            m = _HEADER_ENDS.search(joined)
+            if m is not None and m.start() < len(tail):
+                return True
     if not _CLOSES.fullmatch(head):
         return False
     close = head.rstrip(": ")[-1]
@@ -443,10 +483,11 @@ def _cut_off(before: str, head: str) -> bool:
 
 def _no_prefix(text: str, h: re.Match[str], before: str) -> bool:
     """What stands before the header or frame ``h`` found in ``text`` is no carrier's prefix: records that lost
-    their line breaks (another follows), a known prefix's tail a narrow wrap cut off, or the rest of the line
-    ``before`` (a wrap's piece)."""
+    their line breaks (another follows, or the head ends in one written out: a wrap's piece of a repr), a known
+    prefix's tail a narrow wrap cut off, or the rest of the line ``before`` (a wrap's piece)."""
     head = text[:h.start()]
-    return _another_anchor(text, h) or bool(_CUT_TAIL.match(head)) or _cut_off(before, head)
+    return (head[-2:] == "\\n" or _another_anchor(text, h) or bool(_CUT_TAIL.match(head))
+            or _cut_off(before, head))
 
 
 def _another_anchor(text: str, h: re.Match[str]) -> bool:
@@ -812,7 +853,7 @@ def folded(text: str) -> bool:
 
 
 # --------------------------------------------------------------------------- the stage
-_QUOTE = re.compile(r"^(?:>[ \t]?)+")
+_QUOTE = re.compile(r"^(?:> ?)+")           # (a tab after a ">" is the text's own indentation)
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
 #: the widest line of a paste an editor wrapped at _WRAP_MIN may fall short of it by a word
 _SOFT_MIN = _WRAP_MIN - 10
@@ -883,6 +924,23 @@ def _one_word(line: str) -> bool:
     """A line of one word alone (no space inside it)."""
     body = line.strip()
     return " " not in body and "\t" not in body
+
+
+_HEADER_TIME = re.compile(r"(?:(?:" + _LEVELS + r") )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: (?:\[|[\w.-]+:\d))?", re.I)
+
+
+def _header_gap(before: str, line: str) -> bool:
+    """The break between ``before`` and ``line`` fell where vLLM's log header has a space (its level, date, time
+    and file are apart: ``INFO 07-23`` / ``10:00:00 ...``), and no space is left on either side: it was dropped."""
+    a, b = before[-16:], line[:16]
+    k = len(a)
+    spaced = any(m.start() < k < m.end() for m in _HEADER_TIME.finditer(a + " " + b))
+    return spaced and not any(m.start() < k < m.end() for m in _HEADER_TIME.finditer(a + b))
+
+
+def _lead(text: str) -> int:
+    """How many spaces and tabs ``text`` begins with."""
+    return len(text) - len(text.lstrip(" \t"))
 
 
 def _hyphen_break(last: str, first: str) -> bool:
@@ -980,6 +1038,8 @@ class Normalizer:
         self.dropped = 0                            # old entries of an over-long newest-first paste dropped
         self._recase = Recaser(vocabulary)
         self._block_lead = 0                        # the indentation of the block of lines being read
+        self._block_char = ""                       # ... its first character (a space or a tab)
+        self._reprs = False                         # a record held a string's repr, its breaks written out
         self._numbered = False                      # ... whose first line began with a right-aligned number
         self._first_rows = False                    # ... indented on its lines' first rows only (before a wrap)
         self._new_block = True                      # the next non-blank line starts a block
@@ -1007,7 +1067,7 @@ class Normalizer:
         self._live = live
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
-        self._prefix_widths: set[int] = set()      # ... how long it was on those lines
+        self._prefix_widths: dict[int, int] = {}   # ... how long it was on those lines: the spaces before it
         self._numbers_only = False                  # ... learnt from line numbers, no line of vLLM's behind it yet
         self._last_text = ""                        # the text of the line before (a wrap's piece's, too)
         self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
@@ -1124,15 +1184,24 @@ class Normalizer:
             text = r.text
             if "\n" in text:
                 pieces = text.split("\n")
-            elif not self._live and "\\n" in text and _breaks_written(text):
+            elif not self._live and "\\n" in text and (self._reprs or _breaks_written(text)):
+                # (once a record shows the paste holds a repr, a piece of it the wrap cut off is one too)
+                self._reprs = True
                 pieces = text.split("\\n")
+            elif not self._live and (cut := _header_begun(text)) is not None:
+                # (a repr's piece that a wrap cut just after a break, or in the log header after it: the line
+                # after it begins the next record, or goes on with it)
+                out.append(r._replace(text=text[:cut]))
+                continue
             else:
                 out.append(r)
                 continue
             out.append(r._replace(text=pieces[0]))
             for piece in pieces[1:]:
                 if piece.strip():
-                    more = self._record(_framed(piece))     # (its own level: a traceback Python printed is no INFO's)
+                    # (its own level: a traceback Python printed is no INFO's; typed in lower case, as the record
+                    # was: its phrases' case given back already, so not all of it folded)
+                    more = self._record(_framed(self._recase.level(piece)))
                     out.append(more._replace(proc=more.proc or r.proc, rank=more.rank if more.rank is not None
                                              else r.rank, joined=r.joined))
         return out
@@ -1210,7 +1279,7 @@ class Normalizer:
             return False
         shape = prefix_shape(m.group(0))
         self._shapes[shape] += 1
-        self._prefix, self._prefix_widths, self._numbers_only = re.compile(shape), {m.end()}, True
+        self._prefix, self._prefix_widths, self._numbers_only = re.compile(shape), {m.end(): _lead(m.group(0))}, True
         return True
 
     def _end_of_paste(self) -> None:
@@ -1238,6 +1307,11 @@ class Normalizer:
     def _physical(self, seg: str) -> None:
         if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
             seg = _ANSI.sub("", seg)
+        # how wide the line was when wrapped: as drawn, with its quote's markers and its indentation (the same on
+        # every line of a quote or an indented block; a right-aligned line number's spaces, a carrier's, were
+        # there when the terminal wrapped it). A quote's markers are the same on every line whatever a wrap did
+        # to what follows them (a ">" before an indentation of its text's own: a first piece's)
+        width = len(seg)
         c = seg[:1]
         if c == " " or c == "\t" or c == ">":
             body = seg.lstrip(" \t")
@@ -1250,9 +1324,6 @@ class Normalizer:
             self._all_quoted = False
             if self._quote_depth and _starts_record(seg):
                 self._quote_depth, self._quote = 0, ""      # the quote ended
-        # how wide the line was when wrapped: with its indentation (the same on every line of an indented block,
-        # and a right-aligned line number's spaces, a carrier's, were there when the terminal wrapped it)
-        width = len(seg)
         seg = self._dedent(seg)
         self._lead_off = width - len(seg)
         c = seg[:1]
@@ -1261,7 +1332,7 @@ class Normalizer:
             # own width or at none, and a console's entries listed newest first end with their block
             self._end_of_paste()
             self._wrap_unknown()
-            self._order, self._last_ts, self._desc = None, None, 0
+            self._order, self._last_ts, self._desc, self._reprs = None, None, 0, False
         if self._json_buf and ((self._json_piece_last(seg) and _starts_record(seg))
                                or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
@@ -1390,14 +1461,15 @@ class Normalizer:
         if len(self._prefix_widths) < 16 and (self._prefix is None
                                               or self._shapes[shape] >= self._shapes[self._prefix.pattern]):
             if self._prefix is None or self._prefix.pattern != shape:
-                self._prefix, self._prefix_widths = re.compile(shape), set()
-            self._prefix_widths.add(k)
+                self._prefix, self._prefix_widths = re.compile(shape), {}
+            self._prefix_widths[k] = _lead(seg)
         return seg[k:]
 
     def _learnt_off(self, seg: str) -> str | None:
         """``seg`` without the learnt prefix it begins with (as long as it was where learnt: a number's digit
         more or less, or a ``:`` for a ``-``; a right-aligned number's column exactly, or one wider that the
-        number outgrew: a wrap's piece "29500 (errno ..." is no ``less -N`` column), or None."""
+        number outgrew, or one wider after as many spaces: an indented block's number, left-aligned, grew a
+        digit; a wrap's piece "29500 (errno ..." is no ``less -N`` column), or None."""
         rx = self._prefix
         if rx is None:
             return None
@@ -1406,7 +1478,8 @@ class Normalizer:
             return None
         end, widths = m.end(), self._prefix_widths
         if rx.pattern[:6] == "[ \\t]*":       # a right-aligned number's column
-            fits = end in widths or (seg[:1] not in " \t" and end - 1 in widths)
+            lead = widths.get(end - 1)
+            fits = end in widths or (lead is not None and (seg[:1] not in " \t" or _lead(seg) == lead))
         else:
             fits = any(abs(end - w) <= 1 for w in widths)
         return seg[end:] if fits or self._replaying else None
@@ -1432,7 +1505,8 @@ class Normalizer:
     def _dropped_space(self, width: int, last: str, first: str, alone: bool = False) -> bool:
         """A line ``width`` wide (as printed) ending in the word ``last``, its wrap going on with ``first``,
         as an editor wrapped it: broken at a space it dropped, not inside a word (see :meth:`_wrap`)."""
-        return bool(last and first) and not _in_word(last, first, width == self._max_width, self._max_width, alone)
+        return bool(last and first) and not _in_word(last, first, width == self._max_width,
+                                                     self._max_width - self._max_lead, alone)
 
     def _partial_done(self, joined: _Pieces, width: int, ts: str | None) -> None:
         """A CRI file's partial lines, the line whole: read as the paste's wrap reads (while it is not known,
@@ -1547,7 +1621,7 @@ class Normalizer:
         for before, width, piece in zip(pieces, widths, pieces[1:], strict=False):
             last = before.rsplit(None, 1)[-1] if before.strip() else ""
             first = piece.split(None, 1)[0] if piece.strip() else ""
-            out.append(piece if _in_word(last, first, width == w, w, before.strip() == last)
+            out.append(piece if _in_word(last, first, width == w, w - self._max_lead, before.strip() == last)
                        else " " + piece.lstrip())
         spaced = "".join(out)
         if not _json_closed(spaced) and _json_closed(glued):
@@ -1558,7 +1632,9 @@ class Normalizer:
 
     def _unquote(self, seg: str) -> str:
         """Take off a markdown quote's markers, as the quote's first record wrote them (``> `` or ``>``,
-        as deep as it was): a ``>`` further on, or a space after a bare ``>``, is the text's."""
+        as deep as it was): a ``>`` further on, or a space after a bare ``>``, is the text's. A line that
+        begins with the bare markers and text right after them says they were bare on every line: the space
+        after them on the lines before was the text's (their block's indentation one space deeper)."""
         if not self._quote:
             m = _QUOTE.match(seg)
             self._quote = m.group(0) if m else ">"
@@ -1567,7 +1643,13 @@ class Normalizer:
         if seg.startswith(q):
             return seg[len(q):]
         bare = q.rstrip(" \t")
-        return seg[len(bare):] if seg.startswith(bare) else _QUOTE.sub("", seg, count=1)
+        if not seg.startswith(bare):
+            return _QUOTE.sub("", seg, count=1)
+        rest = seg[len(bare):]
+        if rest and rest[:1] not in " \t" and self._block_lead:
+            self._quote = bare
+            self._block_lead += len(q) - len(bare)
+        return rest
 
     def _dedent(self, seg: str) -> str:
         """Take off the indentation of an indented block (a markdown code block, a list item's paste):
@@ -1607,19 +1689,22 @@ class Normalizer:
             # a right-aligned line number (cat -n, less -N, nl): its spaces are no indentation; the block's is
             # what the other lines show, the least (the wrap's pieces of the numbered lines, a carrier's, none)
             self._numbered = _NUMBERED.match(seg) is not None
-            self._block_lead = 0 if self._numbered else lead
+            self._block_lead, self._block_char = 0 if self._numbered else lead, seg[:1]
         elif self._numbered and not _NUMBERED.match(seg):
             self._block_lead = lead if self._block_lead == 0 else min(lead, self._block_lead)
-        elif lead < self._block_lead and _starts_record(body):
+            self._block_char = seg[:1]
+        elif lead < self._block_lead and _starts_own_record(body):
             # a record's line indented less than the block's first: that one's own indentation was in it (a
-            # traceback's frame); the block's is this
-            self._block_lead = lead
+            # traceback's frame); the block's is this (a carrier's line has none of its own: "50%" / " Completed
+            # | 2/4 ..." is a wrap's piece, no compose line)
+            self._block_lead, self._block_char = lead, seg[:1]
         if body.startswith(("```", "~~~")):
             self._new_block = True
         # a line indented less than the block's first is none of its indented lines: a wrap's piece that begins
         # with the text's own spaces (the block's lines were indented before the terminal wrapped them, or
-        # their spaces were a right-aligned line number's, a carrier's)
-        return seg[self._block_lead:] if lead >= self._block_lead else seg
+        # their spaces were a right-aligned line number's, a carrier's); so is one indented with the other kind
+        # of space (a piece's space in a block indented with tabs)
+        return seg[self._block_lead:] if lead >= self._block_lead and seg[:1] == self._block_char else seg
 
     # ------------------------------------------------------------------ stage B: order
     def _ordered(self, text: str, width: int, carried: str | None, ts: str | None) -> None:
@@ -1705,7 +1790,9 @@ class Normalizer:
     # ------------------------------------------------------------------ stage C: records, wrapped lines
     def _carried(self, text: str, width: int, carried: str | None) -> None:
         low = folded(text)
-        if len(text) > 400:
+        if len(text) > 400 and carried != "":
+            # (one line as printed, not a CRI file's partial lines put together: how long those are says nothing
+            # of how the paste was wrapped, and a wrap of the last goes on with them)
             lines = [text]
             if len(text) > _WRAP_MAX and not self._live and "\\n" in text and _breaks_written(text):
                 lines = [ln for ln in text.split("\\n") if ln.strip()]   # a string's repr: its breaks written out
@@ -1720,7 +1807,7 @@ class Normalizer:
                 return
         self._wrap(text, width, carried, low)
 
-    def _record(self, raw: str, low: bool = False) -> Record:
+    def _record(self, raw: str) -> Record:
         """The record of a (whole) line; typed in lower case, vLLM's case given back to it. Spaces at the
         end of a line of no log header (the shell's ``Killed``) are a terminal's padding or an editor's:
         they told how the paste was wrapped, and are read by then."""
@@ -1822,7 +1909,7 @@ class Normalizer:
                 # text had none
                 self._soft_seen += 1
                 self._dropped_seen += 1
-            elif (not (junction == _HYPHEN or last + first > w) and self._at_max >= 2
+            elif (not (junction == _HYPHEN or last + first > w - self._max_lead) and self._at_max >= 2
                     and word not in self._cuts_seen):
                 # a terminal's cut (or an editor's line that filled the width); lines that begin alike (one
                 # process's prefix and header) are broken alike, after the same word, and say it once
@@ -1843,8 +1930,9 @@ class Normalizer:
         # comes later makes it so)
         junction = (_HYPHEN if hyphen else _PUNCT if last[-1:] in (",", ";", ":")
                     and (first[:1].isalpha() or first[:1] in "([{") else 0)
-        if (not junction and width == self._max_width and last[-1:].isalpha() and first[:1].isalpha()
-                and self._two_words(last, first)):
+        if not junction and width == self._max_width and (
+                (last[-1:].isalpha() and first[:1].isalpha() and self._two_words(last, first))
+                or ((first[:1].isdigit() or last[-1:].isdigit()) and _header_gap(before, line))):
             junction = _PUNCT
         brk = (width, len(first), last, junction, line[:1] in (" ", "\t") or before[-1:] in (" ", "\t"))
         if len(self._breaks) < _BREAKS_KEPT:
@@ -1900,6 +1988,9 @@ class Normalizer:
             self._out.append(self._record(raw))
             return
         text, level, rank, proc = strip_header(self._recase.level(raw) if low and raw else raw)
+        if (level == Level.RAW and raw[:1].isdigit() and len(text) < len(raw)
+                and _LEVEL_ENDS.search(self._prev_raw[-12:])):
+            text = raw      # a log header whose level the wrap left on the line before: the rest of that line
         if carried is None or 0 < len(carried) <= width:    # (a line a carrier's joining put together: its pieces were;
             # one no longer than drawn is a line, its block's indentation off)
             self._note_width(width, text, _one_word(carried or raw))
@@ -1937,7 +2028,8 @@ class Normalizer:
                 ph, ps = pending
                 if ph is not None and exact and mode != "soft" and not _under_frame(text, ph[0]):
                     hard = self._joined(ph, raw, "", low, mode is not None)
-                glue = _in_word(last, first, exact, w, self._prev_raw.strip() == last)
+                # (a word as long as the paste's own width: the lines' width less the indentation added after it)
+                glue = _in_word(last, first, exact, w - self._max_lead, self._prev_raw.strip() == last)
                 if ps is not None and not indented and mode != "hard":
                     # a log header alone on its line: its message was put on the next, after a space of
                     # any width (the message's indentation went with it: a traceback logged line by line)

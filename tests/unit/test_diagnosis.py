@@ -670,6 +670,12 @@ _V0_CAPTURING = ("INFO 10-15 12:00:04 model_runner.py:1398] Capturing the model 
     # ... and the server's, once it serves
     ([_V0_LOADED, _V0_BLOCKS, "INFO:     Application startup complete."],
      [("execute_model", f"{_S}/worker/model_runner.py")], Kind.OOM_RUNTIME, "serving"),
+    # V0's worker _warm_up_model captures the graphs (its warm-up is the sampler's seed): capture begun or not
+    ([_V0_LOADED, _V0_BLOCKS, _V0_CAPTURING], [("_warm_up_model", f"{_S}/worker/worker.py")],
+     Kind.OOM_CUDAGRAPH, "cudagraph"),
+    ([_V0_LOADED, _V0_BLOCKS], [("_warm_up_model", f"{_S}/worker/worker.py")], Kind.OOM_CUDAGRAPH, "cudagraph"),
+    ([_V0_LOADED, _V0_BLOCKS, _V0_CAPTURING, "INFO 10-15 12:00:20 model_runner.py:1523] Graph capturing finished in "
+      "16 secs."], [("_warm_up_model", f"{_S}/worker/worker.py")], Kind.OOM_PROFILE, "warmup"),
     # V1's executor initialize_from_config has its workers allocate, then compile, warm up and capture
     (["(EngineCore_DP0 pid=7) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5     | 30/67"],
      [("_initialize_kv_caches", f"{_S}/v1/engine/core.py"), ("initialize_from_config", f"{_S}/v1/executor/abstract.py")],

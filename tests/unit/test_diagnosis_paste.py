@@ -495,6 +495,10 @@ def _repr(case: cat.Case) -> Paste:
     return Paste("the failure as a repr", fn, 1.5)
 
 
+#: the carriers whose lines are JSON objects
+_JSON_CARRIED = {f"carrier {n}" for n in ("docker-json", "journal-json", "cloud-logging-json")}
+
+
 def _apply(case: cat.Case, pastes: list[Paste]) -> list[str]:
     lines = list(case.lines)
     for p in sorted(pastes, key=lambda p: p.order):
@@ -519,11 +523,9 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if cut is not None:
                 out.append(cut)
         elif name == "repr":
-            # (not wrapped: its one long line wrapped is read as the wrap reads it, each growing piece a record,
-            # before its written-out breaks are; a limit, docs/failure-catalogue.md)
             # (the catalogue's logs, where the failure's start is known: a saved log's is not, and its whole text,
             # a journal's prefixes and all, is no exception's)
-            if not any(w in chosen for w in _WRAPS) and case.start > 0:
+            if case.start > 0:
                 out.append(_repr(case))
         elif name == "elide":
             # (lines left out of the middle or the head cut: one, the lines' places are the log's; a repr's lines
@@ -572,10 +574,12 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
         # a prefix nobody listed is learnt from the lines that show vLLM's header behind it: a wrap narrower
         # than the two cuts both (a listed carrier's prefix is read whole again from its known shape)
         out = [p for p in out if not p.width]
-    if medium == "medium" or (medium and not wrapped and case.name not in PRE_WRAPPED and "cri-partial" not in chosen):
+    json_lines = any(p.name in _JSON_CARRIED for p in out)
+    if medium == "medium" or (medium and not wrapped and case.name not in PRE_WRAPPED and "cri-partial" not in chosen
+                              and not json_lines):
         # (a renderer takes characters out of the lines, and how a paste was wrapped is read from their widths;
         # it drops the spaces a line ends in, and the kubelet cuts a partial entry in a run of spaces as often
-        # as not)
+        # as not; it takes the backslash off a JSON line's escaped quote, and the message's end is gone with it)
         out += draw(TRANSFORMS[medium])
     return out
 
@@ -896,6 +900,23 @@ def test_a_wrap_that_cuts_vllms_header_anywhere_behind_a_carrier_keeps_the_recor
         _check_failure(case, [_carrier(carrier), _wrap(width)])
 
 
+@pytest.mark.parametrize("carrier", STAMPED)
+def test_an_editors_wrap_that_breaks_vllms_header_at_its_spaces_behind_a_carrier_is_read_as_an_editors(
+        carrier: str) -> None:
+    """An editor's wrap breaks at the spaces of vLLM's log header behind the carrier's prefix (``INFO 07-23`` /
+    ``10:00:00 api_server.py:177] ...``), the space dropped: the header's grammar says a space was there, as a
+    terminal keeps it (hypothesis found two such breaks exactly as wide, a V0 log's first lines behind
+    compose's stamps wrapped at 53, read as a terminal's cuts: "version0.5.0", the version lost)."""
+    headed = [c for c in FIXTURE_FAILURES if c.name not in PRE_WRAPPED
+              and re.match(r"(?:INFO|WARNING|ERROR) \d\d-\d\d ", c.lines[0])]
+    for case in headed[::3]:
+        first = case.lines[0]
+        prefix = len(CARRIER_LINES[carrier](first, 0)) - len(first)
+        spaces = [j for j, ch in enumerate(first[:first.index("] ")]) if ch == " "]
+        for width in {prefix + j + k for j in spaces for k in (0, 1) if prefix + j >= 40}:   # (at each space)
+            _check_failure(case, [_carrier(carrier), _word_wrap(width, True, True)])
+
+
 #: viewers that number lines right-aligned: each line's prefix begins with spaces (as many as the number leaves)
 _NUMBERED = {"cat -n": lambda i: f"{i + 1:6d}\t", "less -N": lambda i: f"{i + 1:7d} ",
              "nl -s ' '": lambda i: f"{i + 1:6d} ", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
@@ -956,3 +977,95 @@ def test_a_paste_indented_before_its_wrap_goes_on_after_a_blank_line() -> None:
         blank = Paste("a blank line before a frame", lambda lines, i=frame: [*lines[:i], "", *lines[i:]], 1, "middle")
         for wrap in (_wrap(74), _word_wrap(74, True, False)):
             _check_failure(case, [_indent_first("    "), wrap, blank])
+
+
+@pytest.mark.parametrize("name", ["kv_v1_needed@0.14.0@0.21.0/kv_cache", "torch_cublas_alloc@0.7.3/kv_cache_alloc",
+                                  "workerproc_failed_to_start@0.6.5@0.8.4/loading/alone"])
+def test_a_wrapped_repr_is_read_a_record_a_line_wherever_the_wrap_cuts_a_written_out_break(name: str) -> None:
+    """An exception's text pasted as one string (its breaks written ``\\n``), wrapped by a terminal or an editor
+    at every width from 40 to 200: the cuts fall at every character of the breaks and the headers after them
+    (found: a piece "ine 107, in __init__\\n(EngineCore pid=3120) ERROR ..." read as behind a prefix nobody
+    listed, the frame's rest lost; "...\\nERROR 11-30 12:00:00" / " [core.py:242]   File" and "...\\nER" /
+    "ROR 11-30 ..." the same; a header's level left on the line before; a piece ending in the break or in the
+    header after it, read while the wrap was not yet known; in lower case, the pieces' levels; the repr alone,
+    a few lines, the wrap never known: a piece with no record after its breaks read whole, not a record a line)."""
+    case = next(c for c in FAILURES if c.name == name)
+    for width in range(40, 201):
+        typed = [LOWER] if width % 3 == 0 else [_cut_head(case, case.start)] if width % 3 == 1 else []
+        _check_failure(case, [_repr(case), _wrap(width), *typed])
+        _check_failure(case, [_repr(case), _word_wrap(width, width % 2 == 0, True), *typed])
+
+
+@pytest.mark.parametrize("marker", QUOTES)
+def test_a_quote_of_a_paste_indented_before_its_wrap_keeps_the_indentation_apart_from_its_markers(marker: str) -> None:
+    """A markdown quote of lines indented before the wrap (a tab or spaces on each line's first piece): the quote's
+    marker is what every line begins with, the indentation after it the text's (found: ``>`` then a tab read as
+    ``>`` and its space on the first pieces, ``>`` alone on the others: widths a character apart, a terminal's
+    padded wrap read as an editor's, a space put into a word)."""
+    case = next(c for c in FAILURES if c.name == "torch_cublas_alloc@0.8.5.post1/warmup")
+    for pad in INDENTS:
+        for width in (60, 71, 97, 130):
+            for wrap in (_wrap(width), _padded_wrap(width), _word_wrap(width, True, False)):
+                _check_failure(case, [_indent_first(pad), wrap, _quote(marker)])
+
+
+@pytest.mark.parametrize("pad", INDENTS)
+def test_an_indented_block_of_left_aligned_line_numbers_keeps_its_prefix_as_the_numbers_grow_a_digit(pad: str) -> None:
+    """Lines numbered left-aligned (``1  ``, ``10  ``), with a name after the number or none, the block indented
+    before or after the wrap: the indentation and the number look like a right-aligned number's column, but
+    from 9 to 10 the number grows after as many spaces, and the prefix is the same (found: line 10's prefix
+    kept, its traceback's exception line lost: "a traceback cut off before its exception line")."""
+    case = next(c for c in FAILURES if c.name == "ray_missing@0.5.1@0.9.2/config")
+    assert len(case.lines) > 10
+    for after in ("  ", "  host-7 | app] ", ": "):
+        numbered = Paste(f"numbered {after!r}", lambda lines, a=after: [f"{i + 1}{a}{m}" for i, m in
+                                                                        enumerate(lines)], 2)
+        for width in (97, 155):
+            _check_failure(case, [numbered, _wrap(width), _indent_first(pad)])
+            _check_failure(case, [numbered, _wrap(width), _indent(pad)])
+
+
+@pytest.mark.parametrize("pad", INDENTS)
+def test_a_word_an_editor_cut_at_its_width_is_glued_back_in_a_block_indented_after_the_wrap(pad: str) -> None:
+    """An editor cuts a word longer than its width (a long path or function name) at the width; the block is
+    indented after (a code block): the halves together are longer than the paste's own width, though not than
+    its lines', which the indentation widened (found: ``build_async_engine_`` / ``client_from_engine_args`` read
+    apart, ``engine.py" , line 128`` no frame, the exception line read into it)."""
+    case = next(c for c in FAILURES if c.name == "v0_engine_is_dead@0.6.0/serving")
+    for width in range(40, 81, 4):
+        _check_failure(case, [_word_wrap(width, True, width % 8 == 0), _indent(pad)])
+
+
+def test_a_piece_that_begins_with_a_space_keeps_it_in_a_block_indented_with_tabs_before_its_wrap() -> None:
+    """Lines indented with a tab before the terminal wrapped them: a piece the wrap began with the text's space is
+    no line of the tab-indented block, and keeps its space (found: ``must be`` / `` less than ...`` read as
+    ``must beless``, the tab's one character taken off the piece's one space)."""
+    for cases in _BY_ROW.values():
+        case = cases[0]
+        for width in (60, 67, 74, 81):
+            _check_failure(case, [_indent_first("\t"), _wrap(width)])
+
+
+@pytest.mark.parametrize("pad", INDENTS)
+def test_a_wrap_piece_that_looks_like_a_carriers_line_leaves_its_blocks_indentation_as_it_is(pad: str) -> None:
+    """Lines indented before the terminal wrapped them, one cut before a progress bar's `` Completed | 2/4``: the
+    piece reads like compose's prefix (a name, spaces, a bar), but a carrier's line has no indentation of its own
+    to be less than the block's (found: the block's indentation set at the piece's one space, every line after
+    it kept seven of its eight: read as the rest of the line before)."""
+    for cases in _BY_ROW.values():
+        case = cases[0]
+        bar = next((ln for ln in case.lines if " Completed | " in ln), None)
+        if bar is not None:
+            _check_failure(case, [_indent_first(pad), _wrap(len(pad) + bar.index(" Completed | "))])
+
+
+def test_a_cri_files_partial_entries_put_together_are_no_line_as_wide_as_printed() -> None:
+    """A long line the kubelet cut into partial entries (a repr: the failure's text as one string), each entry's
+    line wrapped by the terminal: the line put together is long, but no line was printed that wide, so the paste
+    is still read as wrapped and the wrap of its last entry goes on with it (found: the entry's wrap read as a
+    record of its own, the failure's evidence cut at the kubelet's cut)."""
+    for cases in _BY_ROW.values():
+        case = cases[0]
+        if case.start > 0 and case.name not in PRE_WRAPPED:
+            for width in (60, 83):
+                _check_failure(case, [_repr(case), _CRI_PARTIAL, _wrap(width)])

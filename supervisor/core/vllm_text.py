@@ -1549,8 +1549,10 @@ class Normalizer:
         for k, size in enumerate(sizes):
             a, b = bounds[k], bounds[k + 1]
             # (while the length is not known, one seen once: where a space reads well between the pieces)
-            if b > a and (size == cut - 1 if seen > 1 else b < len(pieces)
-                          and self._space_reads(pieces[b - 1], pieces[b]) == 2):
+            # (a space there already, at the piece's end or the next one's start, was not lost)
+            spaced = pieces[b - 1][-1:] == " " or (b < len(pieces) and pieces[b][:1] == " ")
+            if b > a and not spaced and (size == cut - 1 if seen > 1 else b < len(pieces)
+                                         and self._space_reads(pieces[b - 1], pieces[b]) == 2):
                 # ... or began with, dropped with the prefix's own space: where a space reads likelier (none
                 # where it would split a number: the character lost was a space inside, two where one is)
                 end = self._space_reads(pieces[b - 1], pieces[b]) if b < len(pieces) else 1
@@ -1621,7 +1623,9 @@ class Normalizer:
         for before, width, piece in zip(pieces, widths, pieces[1:], strict=False):
             last = before.rsplit(None, 1)[-1] if before.strip() else ""
             first = piece.split(None, 1)[0] if piece.strip() else ""
-            out.append(piece if _in_word(last, first, width == w, w - self._max_lead, before.strip() == last)
+            # (a backslash before the break began an escape: no space was there, JSON has none after one)
+            out.append(piece if (before[-1:] == "\\" or _in_word(last, first, width == w, w - self._max_lead,
+                                                                     before.strip() == last))
                        else " " + piece.lstrip())
         spaced = "".join(out)
         if not _json_closed(spaced) and _json_closed(glued):

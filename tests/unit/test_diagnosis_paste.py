@@ -1069,3 +1069,25 @@ def test_a_cri_files_partial_entries_put_together_are_no_line_as_wide_as_printed
         if case.start > 0 and case.name not in PRE_WRAPPED:
             for width in (60, 83):
                 _check_failure(case, [_repr(case), _CRI_PARTIAL, _wrap(width)])
+
+
+@pytest.mark.parametrize("width", [60, 75])
+def test_every_saved_log_as_a_cri_file_a_terminal_wrapped_reads_as_it_does_plain(width: int) -> None:
+    """A CRI file's partial entries, each entry's line wrapped by a terminal (a space at a wrap's cut kept at the
+    end of the piece): where the kubelet cut an entry that ends in that space, no space was lost (found, the
+    first partial entry of a paste, its length not yet known: ``vLLM API `` / ``server version`` read as two
+    spaces, the version lost)."""
+    for case in FIXTURE_FAILURES + FIXTURE_HEALTHY:
+        if case.name not in PRE_WRAPPED:
+            (_check_healthy if case.kind == "healthy" else _check_failure)(case, [_CRI_PARTIAL, _wrap(width)])
+
+
+@pytest.mark.parametrize("carrier", sorted(n.removeprefix("carrier ") for n in _JSON_CARRIED))
+def test_a_json_line_an_editor_cut_inside_an_escape_is_read_whole(carrier: str) -> None:
+    """JSON lines an editor wrapped, cutting a word longer than its width (a frame's quoted path: ``\\"/usr/...``)
+    between an escape's backslash and its character: the space an editor drops at its other breaks was never
+    there (found: the spaced reading no JSON, the glued one every word of the message run together)."""
+    case = next(c for c in FAILURES if c.name == "torch_cuda_oom@0.8.5.post1/profiling")
+    for width in range(40, 71, 3):
+        _check_failure(case, [_word_wrap(width, True, width % 2 == 0), _carrier(carrier)])
+        _check_failure(case, [_word_wrap(width, True, width % 2 == 0), _carrier(carrier), _repr(case)])

@@ -174,11 +174,12 @@ _ENTITY = re.compile(r"&(?:[A-Za-z]{2,8}|#\d{2,7}|#[xX][0-9A-Fa-f]{2,6});")
 _MD_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
 
 
-def plain_chars(line: str) -> str:
+def plain_chars(line: str, escaped: bool = False) -> str:
     """vLLM's characters back from what a medium made of them: the typography above; HTML's character
     references (a page's source, a scraper that kept them); markdown's backslash escapes (a rich-text
     editor's ``max\\_model\\_len``: undone only on a line that has one before ``_`` or ``*``, which
-    nothing vLLM prints has, so a Windows path or a regex in a message stays as it is)."""
+    nothing vLLM prints has, or ``escaped``: a line of a paste that showed one, so a Windows path or a regex
+    in a message stays as it is)."""
     if not line.isascii():
         if "\u2013" in line or "\u2014" in line:
             line = _DASHED_FLAG.sub("--", line)
@@ -187,7 +188,7 @@ def plain_chars(line: str) -> str:
         line = line.translate(_TYPOGRAPHY)
     if "&" in line and _ENTITY.search(line):
         line = html.unescape(line)
-    if "\\_" in line or "\\*" in line:
+    if escaped or "\\_" in line or "\\*" in line:
         line = _MD_ESCAPED.sub(r"\1", line)
     return line
 
@@ -503,12 +504,13 @@ def _another_anchor(text: str, h: re.Match[str]) -> bool:
 _SHAPE_TOKEN = re.compile(r"\d+|[ \t]+|[^\d \t]")
 _PREFIX_MAX = 120       # how long a carrier's prefix may be
 _PAD_RUN = 8            # spaces at a line's end that are a terminal's padding, not vLLM's text
-# a line number right-aligned in its column (cat -n, less -N, nl): spaces that are no indentation (a clock's
-# "12:00:01" and a date's "2024-08-19" are no such number)
-_NUMBERED = re.compile(r"[ \t]+\d{1,7}(?:\t| |:(?!\d))")
-# ... any line number a viewer puts before a line (grep -n's ":" or "-" too), and how many lines numbered one
-# after another say it is one
-_LINE_NUMBER = re.compile(r"[ \t]*(\d{1,7})(?:\t| |[:-](?!\d))")
+# what a viewer puts after a line number: a tab or a space (cat -n, less -N, nl), grep -n's ":" or "-", a bracket,
+# a bar (bat's "   1 │ "), ... (a clock's "12:00:01" and a date's "2024-08-19" are no line number)
+_NUMBER_END = r"(?:\t| |[:\])|│>.-](?!\d))"
+# a line number right-aligned in its column: spaces that are no indentation
+_NUMBERED = re.compile(r"[ \t]+\d{1,7}" + _NUMBER_END)
+# ... any line number a viewer puts before a line, and how many lines numbered one after another say it is one
+_LINE_NUMBER = re.compile(r"[ \t]*(\d{1,7})" + _NUMBER_END)
 _NUMBERED_RUN = 3       # (two, where the paste ends there)
 _PRELUDE = 8            # the lines of a command pasted above a log held until a line shows a carrier's prefix
 _COMMAND_IN = re.compile(r"vllm serve|python3? -m vllm|docker run|vllm/vllm-openai")   # ... such a command
@@ -1040,6 +1042,7 @@ class Normalizer:
         self._block_lead = 0                        # the indentation of the block of lines being read
         self._block_char = ""                       # ... its first character (a space or a tab)
         self._reprs = False                         # a record held a string's repr, its breaks written out
+        self._escaped = False                       # a line showed a rich-text editor's markdown escapes
         self._numbered = False                      # ... whose first line began with a right-aligned number
         self._first_rows = False                    # ... indented on its lines' first rows only (before a wrap)
         self._new_block = True                      # the next non-blank line starts a block
@@ -1215,7 +1218,9 @@ class Normalizer:
         A run of :data:`_PAD_RUN` or more ends no line of vLLM's: padding. A shorter one stays (a line
         almost as wide as the terminal keeps a few spaces of padding, read as a wrap's cut at a space)."""
         if _medium_touched(line):
-            line = plain_chars(line)
+            # (a rich-text editor escaped the whole paste: a wrap's piece of a line shows it or not)
+            self._escaped = self._escaped or "\\_" in line or "\\*" in line
+            line = plain_chars(line, self._escaped)
         if line[-2:] == "  " and line.strip(" "):
             bare = line.rstrip(" ")
             if len(line) - len(bare) >= _PAD_RUN:

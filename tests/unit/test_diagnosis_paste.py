@@ -919,7 +919,8 @@ def test_an_editors_wrap_that_breaks_vllms_header_at_its_spaces_behind_a_carrier
 
 #: viewers that number lines right-aligned: each line's prefix begins with spaces (as many as the number leaves)
 _NUMBERED = {"cat -n": lambda i: f"{i + 1:6d}\t", "less -N": lambda i: f"{i + 1:7d} ",
-             "nl -s ' '": lambda i: f"{i + 1:6d} ", "numbered with ':'": lambda i: f"{i + 1:6d}:"}
+             "nl -s ' '": lambda i: f"{i + 1:6d} ", "numbered with ':'": lambda i: f"{i + 1:6d}:",
+             "numbered with ']'": lambda i: f"{i + 1:6d}] ", "bat": lambda i: f"{i + 1:4d} │ "}
 
 
 @pytest.mark.parametrize("viewer", [*sorted(_NUMBERED), "grep -n ''"])
@@ -1091,3 +1092,13 @@ def test_a_json_line_an_editor_cut_inside_an_escape_is_read_whole(carrier: str) 
     for width in range(40, 71, 3):
         _check_failure(case, [_word_wrap(width, True, width % 2 == 0), _carrier(carrier)])
         _check_failure(case, [_word_wrap(width, True, width % 2 == 0), _carrier(carrier), _repr(case)])
+
+
+@pytest.mark.parametrize("carrier", sorted(n.removeprefix("carrier ") for n in _JSON_CARRIED))
+def test_a_wrapped_paste_a_rich_text_editor_escaped_is_read_back_on_every_piece(carrier: str) -> None:
+    """A rich-text editor escaped the whole paste (``\\_``, ``\\*``, ``\\\\``), then it was wrapped: a wrap's piece of
+    a line shows an escape before ``_`` or ``*`` or not, and the paste's JSON lines hold backslashes of their own
+    (found: a JSON line's pieces with no ``\\_`` kept their doubled backslashes, the object no JSON)."""
+    case = next(c for c in FAILURES if c.name == "quant_scheme_capability@0.29.0@0.33.0/loading")
+    for wrap in (_wrap(60), _padded_wrap(73), _word_wrap(66, True, True)):
+        _check_failure(case, [wrap, _carrier(carrier), _medium("markdown-escaped")])

@@ -559,12 +559,14 @@ class Classifier:
 
     def _frames_place(self) -> tuple[str, str]:
         """The phase the traceback's frames say, and what said it: the milestones when the deepest known frame
-        is one whose call runs later phases too (:data:`ENCLOSING_FRAMES`) and they reached a later one."""
+        is one whose call runs other phases too (:data:`ENCLOSING_FRAMES`) and they reached one of those."""
         where = self._frame_phase or self.phase
         name, path = self._frame_at
-        part, floor = ENCLOSING_FRAMES.get(name, ("", ""))
+        part, floor, last = ENCLOSING_FRAMES.get(name, ("", "", ""))
         if floor and part in path and self._phase and not (self._serving or self._frame_serving):
             later = max(_PHASE[floor], self._phase)
+            if last:
+                later = min(later, _PHASE[last])
             if later != _PHASE[where]:
                 return PHASES[later], "milestone"
         return where, "frames" if self._frame_phase else "milestone"
@@ -594,7 +596,7 @@ class Classifier:
             where, placed = self.phase, "milestone"
         if sampler:
             return Kind.OOM_PROFILE, where if where in ("profiling", "warmup") else "profiling", placed
-        kind, where = _oom_at(where, frames=placed == "frames", v0=("num_gpu_blocks" in self._numbers))
+        kind, where = _oom_at(where, frames=placed == "frames", v0=_v0(self._numbers, self.engine))
         return kind, where, placed
 
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
@@ -624,6 +626,12 @@ class Classifier:
                                        provisional=best.provisional and provisional)
 
 
+def _v0(numbers: dict[str, Any], engine: str | None) -> bool:
+    """The log is V0's (which announces its capture): its block count was seen, or its engine generation says so
+    (the block count's line left out of a paste)."""
+    return "num_gpu_blocks" in numbers or engine == "v0"
+
+
 def _oom_at(where: str, *, frames: bool = False, v0: bool = False) -> tuple[Kind, str]:
     """The kind of an out-of-memory error in a phase (docs/failure-catalogue.md, "Placing a failure")."""
     if where in ("launching", "config", "engine_init", "loading"):
@@ -648,7 +656,7 @@ def place(d: Diagnosis, phase: str) -> Diagnosis:
     ``phase`` is the phase the daemon's live stream last reached (``serving`` once a probe answered)."""
     if d.phase != UNKNOWN_PHASE or d.kind not in _OOM_KINDS:
         return d
-    kind, where = _oom_at(phase, v0="num_gpu_blocks" in d.numbers)
+    kind, where = _oom_at(phase, v0=_v0(d.numbers, d.numbers.get("engine")))
     return Diagnosis(kind, d.evidence, dict(d.numbers), where,
                      _detail(kind, d.numbers, where) + f" (The log did not say where; the launch had reached {phase}.)")
 

@@ -1471,10 +1471,11 @@ class Normalizer:
         return seg[k:]
 
     def _learnt_off(self, seg: str) -> str | None:
-        """``seg`` without the learnt prefix it begins with (as long as it was where learnt: a number's digit
-        more or less, or a ``:`` for a ``-``; a right-aligned number's column exactly, or one wider that the
-        number outgrew, or one wider after as many spaces: an indented block's number, left-aligned, grew a
-        digit; a wrap's piece "29500 (errno ..." is no ``less -N`` column), or None."""
+        """``seg`` without the learnt prefix it begins with (as long as it was where learnt: a digit more or less
+        for each of its numbers, or a ``:`` for a ``-``; a right-aligned number's column exactly, or wider by a
+        digit for each of its numbers where the number outgrew the column, or after as many spaces: an indented
+        block's numbers, left-aligned, grew a digit; a wrap's piece "29500 (errno ..." is no ``less -N`` column),
+        or None."""
         rx = self._prefix
         if rx is None:
             return None
@@ -1482,11 +1483,12 @@ class Normalizer:
         if m is None or not m.end():
             return None
         end, widths = m.end(), self._prefix_widths
+        slack = max(1, rx.pattern.count("\\d+"))     # (each of its numbers a digit more or less)
         if rx.pattern[:6] == "[ \\t]*":       # a right-aligned number's column
-            lead = widths.get(end - 1)
-            fits = end in widths or (lead is not None and (seg[:1] not in " \t" or _lead(seg) == lead))
+            fits = end in widths or any(0 < end - w <= slack and (seg[:1] not in " \t" or _lead(seg) == lead)
+                                        for w, lead in widths.items())
         else:
-            fits = any(abs(end - w) <= 1 for w in widths)
+            fits = any(abs(end - w) <= slack for w in widths)
         return seg[end:] if fits or self._replaying else None
 
     def _json_piece_last(self, seg: str) -> bool:

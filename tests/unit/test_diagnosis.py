@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.core.classifier import Classifier, classify, normalize
+from supervisor.core.classifier import Classifier, classify, normalize, place
 from supervisor.core.diagnosis import VERDICT_PHASES, Diagnosis, Kind
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -652,6 +652,26 @@ def test_the_milestone_before_a_frameless_oom_places_it() -> None:
     assert classify([_LOADING, _TORCH_OOM], 1).kind is Kind.OOM_WEIGHTS
 
 
+@pytest.mark.parametrize(("banner", "kind", "phase"), [
+    ("INFO 10-15 12:00:00 llm_engine.py:234] Initializing a V0 LLM engine (v0.7.3) with config: model='m'",
+     Kind.OOM_PROFILE, "kv_cache"),
+    ("(EngineCore_DP0 pid=7) INFO 10-15 12:00:00 [core.py:74] Initializing a V1 LLM engine (v0.11.0) with config: "
+     "model='m'", Kind.OOM_CUDAGRAPH, "cudagraph"),
+])
+def test_a_frameless_oom_after_the_kv_cache_was_sized_is_placed_by_the_engine_generation(
+        banner: str, kind: Kind, phase: str) -> None:
+    """After the KV cache was sized, V0 announces its capture and V1 does not: a frameless OOM there is V0's
+    allocation and V1's capture. The generation is the log's, though the line with V0's block count was left
+    out of the paste (found: V0 read as V1 without it)."""
+    lines = [banner, "INFO 10-15 12:00:00 executor_base.py:429] Maximum concurrency for 131072 tokens per request: "
+             "8.53x", _TORCH_OOM]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (kind, phase), got
+    unplaced = Diagnosis(Kind.OOM_WEIGHTS, "CUDA out of memory.", {"engine": "v0" if "V0" in banner else "v1"},
+                         "unknown", "")
+    assert place(unplaced, "kv_cache").kind is kind      # (the daemon's: the phase its live stream reached)
+
+
 _V0_LOADED = "INFO 10-15 12:00:00 model_runner.py:1077] Loading model weights took 14.9595 GB"
 _V0_BLOCKS = "INFO 10-15 12:00:03 distributed_gpu_executor.py:57] # GPU blocks: 2471, # CPU blocks: 2048"
 _V0_CAPTURING = ("INFO 10-15 12:00:04 model_runner.py:1398] Capturing the model for CUDA graphs. This may lead to "
@@ -676,6 +696,14 @@ _V0_CAPTURING = ("INFO 10-15 12:00:04 model_runner.py:1398] Capturing the model 
     ([_V0_LOADED, _V0_BLOCKS], [("_warm_up_model", f"{_S}/worker/worker.py")], Kind.OOM_CUDAGRAPH, "cudagraph"),
     ([_V0_LOADED, _V0_BLOCKS, _V0_CAPTURING, "INFO 10-15 12:00:20 model_runner.py:1523] Graph capturing finished in "
       "16 secs."], [("_warm_up_model", f"{_S}/worker/worker.py")], Kind.OOM_PROFILE, "warmup"),
+    # V1's worker compile_or_warm_up_model warms up, captures and warms the sampler up: capture under way, or done
+    # and the engine's start-up timed (a milestone logged after the call began says no more than its last phase)
+    (["(EngineCore_DP0 pid=7) Capturing CUDA graph shapes:  45%|####5     | 30/67"],
+     [("compile_or_warm_up_model", f"{_S}/v1/worker/gpu_worker.py")], Kind.OOM_CUDAGRAPH, "cudagraph"),
+    (["(EngineCore_DP0 pid=7) INFO 10-15 12:00:55 [gpu_model_runner.py:3118] Graph capturing finished in 9 secs, "
+      "took 0.59 GiB", "(EngineCore_DP0 pid=7) INFO 10-15 12:00:55 [core.py:218] init engine (profile, create kv "
+      "cache, warmup model) took 55.48 seconds"],
+     [("compile_or_warm_up_model", f"{_S}/v1/worker/gpu_worker.py")], Kind.OOM_PROFILE, "warmup"),
     # V1's executor initialize_from_config has its workers allocate, then compile, warm up and capture
     (["(EngineCore_DP0 pid=7) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5     | 30/67"],
      [("_initialize_kv_caches", f"{_S}/v1/engine/core.py"), ("initialize_from_config", f"{_S}/v1/executor/abstract.py")],
@@ -704,8 +732,6 @@ def test_v0_model_execution_wrapper_is_no_evidence_of_serving() -> None:
 
 
 def test_an_oom_nothing_places_has_an_unknown_phase_and_the_daemon_places_it_where_the_stream_was() -> None:
-    from supervisor.core.classifier import place
-
     got = classify([_TORCH_OOM], 1)
     assert got.phase == "unknown" and "nothing in the log says where" in got.detail
     assert got.kind is Kind.OOM_WEIGHTS       # read as the phase the output reached: the start-up's first

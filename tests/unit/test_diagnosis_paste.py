@@ -1012,15 +1012,18 @@ def test_a_quote_of_a_paste_indented_before_its_wrap_keeps_the_indentation_apart
 
 @pytest.mark.parametrize("pad", INDENTS)
 def test_an_indented_block_of_left_aligned_line_numbers_keeps_its_prefix_as_the_numbers_grow_a_digit(pad: str) -> None:
-    """Lines numbered left-aligned (``1  ``, ``10  ``), with a name after the number or none, the block indented
-    before or after the wrap: the indentation and the number look like a right-aligned number's column, but
-    from 9 to 10 the number grows after as many spaces, and the prefix is the same (found: line 10's prefix
-    kept, its traceback's exception line lost: "a traceback cut off before its exception line")."""
+    """Lines numbered left-aligned (``1  ``, ``10  ``), with a name or other numbers after the number or none, the
+    block indented before or after the wrap: the indentation and the number look like a right-aligned number's
+    column, but from 9 to 10 the number grows after as many spaces, and the prefix is the same, a digit longer
+    for each number in it (found: line 10's prefix kept, its traceback's exception line lost: "a traceback cut
+    off before its exception line")."""
     case = next(c for c in FAILURES if c.name == "ray_missing@0.5.1@0.9.2/config")
     assert len(case.lines) > 10
-    for after in ("  ", "  host-7 | app] ", ": "):
-        numbered = Paste(f"numbered {after!r}", lambda lines, a=after: [f"{i + 1}{a}{m}" for i, m in
-                                                                        enumerate(lines)], 2)
+    # (the last: three numbers, two of them left-aligned, each a digit longer from line 10 on)
+    for number in (lambda i: f"{i}  ", lambda i: f"{i}  host-7 | app] ", lambda i: f"{i}: ",
+                   lambda i: f"{i}- > {i:6d}] {i}: "):
+        numbered = Paste(f"numbered {number(1)!r}", lambda lines, n=number: [n(i + 1) + m for i, m in
+                                                                             enumerate(lines)], 2)
         for width in (97, 155):
             _check_failure(case, [numbered, _wrap(width), _indent_first(pad)])
             _check_failure(case, [numbered, _wrap(width), _indent(pad)])

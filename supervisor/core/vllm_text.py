@@ -1124,14 +1124,21 @@ class Normalizer:
             line = line.rstrip("\r\n")
         if not self._live:               # a paste: what a medium did to it undone (a pipe went through none)
             line = self._as_typed(line)
-            if self._prelude is not None:
+            fence = line.lstrip(" \t>")[:3] in ("```", "~~~")
+            if fence and self._prelude:
+                out = self._held_out() + self._feed_line(line)      # (the lines held: their paste ended)
+            elif self._prelude is not None:
                 out = []
                 lines = self._prelude_step(line)
                 for k, one in enumerate(lines):
                     self._replaying = k < len(lines) - 1        # a held line (its prefix as the next line's)
                     out += self._feed_line(one)
                 self._replaying = False
-                return out
+            else:
+                out = self._feed_line(line)
+            if fence:
+                self._prelude = []      # a paste of its own starts: its first lines are read as a paste's are
+            return out
         return self._feed_line(line)
 
     def _feed_line(self, line: str) -> list[Record]:
@@ -1229,15 +1236,21 @@ class Normalizer:
 
     def flush(self) -> list[Record]:
         """What is still held: a newest-first paste (re-ordered), an undecided order, a wrapped record."""
-        out: list[Record] = []
-        prelude, self._prelude = self._prelude or [], None
-        self._replaying = self._numbered_run(prelude, 2)        # (the paste ended: two numbered lines say it)
-        for line in prelude:
-            out += self._feed_line(line)
-        self._replaying = False
+        out = self._held_out()
         self._out = out
         self._end_of_paste()
         return self._apart(out) if out else out
+
+    def _held_out(self) -> list[Record]:
+        """The lines held at a paste's start (:meth:`_prelude_step`), read now: the paste ended (two numbered
+        lines say a viewer's prefix then)."""
+        out: list[Record] = []
+        prelude, self._prelude = self._prelude or [], None
+        self._replaying = self._numbered_run(prelude, 2)
+        for line in prelude:
+            out += self._feed_line(line)
+        self._replaying = False
+        return out
 
     def _prelude_step(self, line: str) -> list[str]:
         """The lines to read now. The command a paste shows above the log, before any line that shows vLLM's

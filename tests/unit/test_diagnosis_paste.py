@@ -957,12 +957,14 @@ def test_a_command_pasted_above_an_indented_log_is_read_with_the_prefix_its_line
     a tag nobody listed (nomad's ``[INFO]``), the whole indented (a code block): the command is held until a
     line shows the prefix, and read as that line is, its indentation off (found: the prefix learnt with the
     block's indentation and the stamp, which the lines read after it no longer had; the command's
-    --max-model-len lost)."""
+    --max-model-len lost; in a bug report's fence, the command read before the prefix was learnt)."""
     tagged = Paste(f"carrier {carrier} and a tag", lambda lines: [CARRIER_LINES[carrier]("[INFO]  " + m, i)
                                                                 for i, m in enumerate(lines)], 2)
     for case in FIXTURE_FAILURES:
         if re.search(r"vllm serve|python3? -m vllm|docker run", case.lines[0]) and case.name not in PRE_WRAPPED:
             _check_failure(case, [tagged, _indent("    ")])
+            # ... and in a bug report's fence, below the report's other blocks (a fence begins a paste of its own)
+            _check_failure(case, [tagged, _report(case, ["prose", "environment"], "```log")])
 
 
 def test_a_paste_indented_before_its_wrap_goes_on_after_a_blank_line() -> None:

@@ -1717,10 +1717,12 @@ class Normalizer:
         elif self._numbered and not _NUMBERED.match(seg):
             self._block_lead = lead if self._block_lead == 0 else min(lead, self._block_lead)
             self._block_char = seg[:1]
-        elif lead < self._block_lead and _starts_own_record(body):
+        elif (lead < self._block_lead and _starts_own_record(body)
+              and not (self._prev_width == self._max_width >= _WRAP_MIN)):
             # a record's line indented less than the block's first: that one's own indentation was in it (a
             # traceback's frame); the block's is this (a carrier's line has none of its own: "50%" / " Completed
-            # | 2/4 ..." is a wrap's piece, no compose line)
+            # | 2/4 ..." is a wrap's piece, no compose line; nor is the line after one as wide as the widest,
+            # which goes on with the text's own space: "... with the model's" / " ValueError: ...")
             self._block_lead, self._block_char = lead, seg[:1]
         if body.startswith(("```", "~~~")):
             self._new_block = True

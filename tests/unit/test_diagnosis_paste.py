@@ -1107,3 +1107,18 @@ def test_a_wrapped_paste_a_rich_text_editor_escaped_is_read_back_on_every_piece(
     case = next(c for c in FAILURES if c.name == "quant_scheme_capability@0.29.0@0.33.0/loading")
     for wrap in (_wrap(60), _padded_wrap(73), _word_wrap(66, True, True)):
         _check_failure(case, [wrap, _carrier(carrier), _medium("markdown-escaped")])
+
+
+@pytest.mark.parametrize("pad", INDENTS)
+def test_a_wrap_piece_that_begins_with_the_texts_space_and_a_records_word_leaves_its_blocks_indentation(
+        pad: str) -> None:
+    """Lines indented before the terminal wrapped them, one cut just before an exception's name behind vLLM's process
+    tag (``(EngineCore pid=3120)`` / `` ValueError: ...``): the piece begins with the text's own space and a word a
+    record begins with, but it follows a line as wide as the wrap, whose rest it is (found: the block's indentation
+    set at the piece's one space, every line after it kept three of its four)."""
+    word = re.compile(r"(?<=\S) (?=(?:[A-Za-z_.]+(?:Error|Exception)|Traceback \(|File \"))")
+    for cases in _BY_ROW.values():
+        case = cases[0]
+        cut = next((m.start() for ln in case.lines for m in [word.search(ln, 40)] if m), None)
+        if cut is not None:
+            _check_failure(case, [_indent_first(pad), _wrap(len(pad) + cut)])

@@ -1048,7 +1048,7 @@ class Normalizer:
         self._new_block = True                      # the next non-blank line starts a block
         self._quote_depth = 0                       # the depth of a markdown quote the paste is in
         self._quote = ""                            # ... and its markers, as its first line wrote them
-        self._all_quoted = True                     # every line so far began with ">"
+        self._all_quoted = True                     # every line of the paste so far began with ">"
         self._json_buf = ""                         # a JSON log line being put back together
         self._json_pieces: list[str] = []           # ... and its pieces, as wrapped
         self._json_widths: list[int] = []           # ... how wide each was drawn
@@ -1351,6 +1351,7 @@ class Normalizer:
             self._end_of_paste()
             self._wrap_unknown()
             self._order, self._last_ts, self._desc, self._reprs = None, None, 0, False
+            self._all_quoted = True         # (its lines all quoted so far: a ">" before a prefix nobody listed)
         if self._json_buf and ((self._json_piece_last(seg) and _starts_record(seg))
                                or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its

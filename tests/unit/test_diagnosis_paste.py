@@ -1122,3 +1122,17 @@ def test_a_wrap_piece_that_begins_with_the_texts_space_and_a_records_word_leaves
         cut = next((m.start() for ln in case.lines for m in [word.search(ln, 40)] if m), None)
         if cut is not None:
             _check_failure(case, [_indent_first(pad), _wrap(len(pad) + cut)])
+
+
+@pytest.mark.parametrize("marker", QUOTES)
+def test_a_quoted_log_behind_a_prefix_nobody_listed_is_unquoted_in_a_bug_reports_fence(marker: str) -> None:
+    """A bug report's log block quoted line by line, each line behind a prefix nobody listed (a viewer's clock): a
+    bare ``>`` before it begins no record anyone knows, but every line of the block so far was quoted, as at a
+    paste's start (found: the quote read as the text's after the fence, a wrap's piece ``>y", line 156`` glued into
+    the frame before it)."""
+    clocked = Paste("a clock", lambda lines: [f"[{_t(i):%H:%M:%S}]: {m}" for i, m in enumerate(lines)], 2)
+    for cases in list(_BY_ROW.values())[::4]:
+        case = cases[0]
+        if case.name not in PRE_WRAPPED:
+            for wrap in ([], [_wrap(128)]):
+                _check_failure(case, [clocked, _report(case, ["command"], "```text"), _quote(marker), *wrap])

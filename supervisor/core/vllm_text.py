@@ -1042,6 +1042,8 @@ class Normalizer:
         self._block_lead = 0                        # the indentation of the block of lines being read
         self._block_char = ""                       # ... its first character (a space or a tab)
         self._reprs = False                         # a record held a string's repr, its breaks written out
+        self._drawn = self._drawn_before = 0        # how wide the line read now was drawn, and the one before
+        self._drawn_max = 0                         # ... and the widest drawn (no wider than a wrap)
         self._escaped = False                       # a line showed a rich-text editor's markdown escapes
         self._numbered = False                      # ... whose first line began with a right-aligned number
         self._first_rows = False                    # ... indented on its lines' first rows only (before a wrap)
@@ -1330,6 +1332,9 @@ class Normalizer:
         # there when the terminal wrapped it). A quote's markers are the same on every line whatever a wrap did
         # to what follows them (a ">" before an indentation of its text's own: a first piece's)
         width = len(seg)
+        self._drawn_before, self._drawn = self._drawn, width
+        if self._drawn_max < width <= _WRAP_MAX:
+            self._drawn_max = width
         c = seg[:1]
         if c == " " or c == "\t" or c == ">":
             body = seg.lstrip(" \t")
@@ -1352,6 +1357,7 @@ class Normalizer:
             self._wrap_unknown()
             self._order, self._last_ts, self._desc, self._reprs = None, None, 0, False
             self._all_quoted = True         # (its lines all quoted so far: a ">" before a prefix nobody listed)
+            self._drawn_max = 0
         if self._json_buf and ((self._json_piece_last(seg) and _starts_record(seg))
                                or (c == "{" and seg[:2] == '{"' and _json_closed(seg))):
             # the open JSON line before was no wrapped line, or the last piece of one an editor wrapped (its
@@ -1719,7 +1725,7 @@ class Normalizer:
             self._block_lead = lead if self._block_lead == 0 else min(lead, self._block_lead)
             self._block_char = seg[:1]
         elif (lead < self._block_lead and _starts_own_record(body)
-              and not (self._prev_width == self._max_width >= _WRAP_MIN)):
+              and not (self._drawn_before == self._drawn_max >= _WRAP_MIN)):
             # a record's line indented less than the block's first: that one's own indentation was in it (a
             # traceback's frame); the block's is this (a carrier's line has none of its own: "50%" / " Completed
             # | 2/4 ..." is a wrap's piece, no compose line; nor is the line after one as wide as the widest,

@@ -1136,3 +1136,25 @@ def test_a_quoted_log_behind_a_prefix_nobody_listed_is_unquoted_in_a_bug_reports
         if case.name not in PRE_WRAPPED:
             for wrap in ([], [_wrap(128)]):
                 _check_failure(case, [clocked, _report(case, ["command"], "```text"), _quote(marker), *wrap])
+
+
+@pytest.mark.parametrize("carrier", sorted(n.removeprefix("carrier ") for n in _JSON_CARRIED))
+def test_every_healthy_log_as_json_lines_indented_before_a_terminals_wrap_stays_healthy(carrier: str) -> None:
+    """JSON lines indented before the terminal wrapped them: a piece that begins with the text's space and a level
+    (`` warning: numa binding ...``) follows a JSON line's piece as wide as the wrap, however that line was read
+    (found: the line before a JSON piece, its width not noted, the block's indentation set at one space, every
+    JSON line after it no JSON: a request's error read as the engine's death)."""
+    for case in FIXTURE_HEALTHY:
+        if case.name not in PRE_WRAPPED:
+            _check_healthy(case, [_wrap(60), _carrier(carrier), _indent_first("    "), LOWER])
+
+
+@pytest.mark.parametrize("carrier", STAMPED)
+def test_a_carriers_lines_indented_before_a_wrap_narrower_than_its_prefix_and_vllms_header_keep_their_block(
+        carrier: str) -> None:
+    """A listed carrier's lines indented before a terminal's wrap at 60 columns, the prefix and the block's spaces
+    all but filling each line's first piece: a frame's piece `` File "..."`` after such a piece is its line's rest,
+    though no wrapped record had said the paste's width yet (found: the block's indentation set at one space, every
+    line after kept three of its four, the carrier's prefix no longer read)."""
+    case = next(c for c in FAILURES if c.name == "v0_task_finished@0.5.0@0.5.0/serving/unknown-root")
+    _check_failure(case, [_indent_first("    "), _carrier(carrier), _wrap(60)])

@@ -214,16 +214,17 @@ _LEAD = re.compile(
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: std(?:out|err) [FP](?= ))?"
     r")\s?"
 )
+#: what follows the level in vLLM's log header: its date and time, and its file and line ("[core.py:718]", 0.6+;
+#: "engine.py:366]" before)
+_STAMP_FILE = r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:\[[^\]\s]*\]|[\w.-]+:\d+\])"
 _HEADER = re.compile(
-    r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\])\s?"
+    r"(?:(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?" + _STAMP_FILE + r"\s?"
     r"|(?P<ulvl>" + _LEVELS + r"):\s+"
 )
 # The common case, tried first: one optional process tag, then vLLM's log header or uvicorn's.
 _FAST = re.compile(
     r"(?:\((?P<proc>" + _PROC + r") pid=\d+\) ?)?"
-    r"(?:(?P<lvl>" + _LEVELS + r") \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"(?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?|(?P<ulvl>" + _LEVELS + r"):\s+)"
+    r"(?:(?P<lvl>" + _LEVELS + r") " + _STAMP_FILE + r" ?|(?P<ulvl>" + _LEVELS + r"):\s+)"
 )
 _FAST_ANY_CASE = re.compile(_FAST.pattern, re.I)
 _RANK = re.compile(r"(?:rank=|TP|rank)(\d+)", re.I)
@@ -461,8 +462,7 @@ _CUT_TAIL = re.compile(r"^[^\s\[\]:]+\[\d+\]: $|^[^(]*pid=\d+(?:, ip=[^)]*)?\) ?
 _CLOSES = re.compile(r"[^()\[\]]*[)\]]:? ?$")
 # ... or of vLLM's log header ("ERROR 11-30 12:0" / "0:00 [core.py:242]   File ..."): one that ends where
 # the head does
-_HEADER_ENDS = re.compile(r"(?:" + _LEVELS + r") \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:\[[^\]\s]*\]|[\w.-]+:\d+\]) ?$",
-                          re.I)
+_HEADER_ENDS = re.compile(r"(?:" + _LEVELS + r") " + _STAMP_FILE + r" ?$", re.I)
 
 
 def _cut_off(before: str, head: str) -> bool:

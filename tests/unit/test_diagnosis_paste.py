@@ -1052,19 +1052,6 @@ def test_a_piece_that_begins_with_a_space_keeps_it_in_a_block_indented_with_tabs
             _check_failure(case, [_indent_first("\t"), _wrap(width)])
 
 
-@pytest.mark.parametrize("pad", INDENTS)
-def test_a_wrap_piece_that_looks_like_a_carriers_line_leaves_its_blocks_indentation_as_it_is(pad: str) -> None:
-    """Lines indented before the terminal wrapped them, one cut before a progress bar's `` Completed | 2/4``: the
-    piece reads like compose's prefix (a name, spaces, a bar), but a carrier's line has no indentation of its own
-    to be less than the block's (found: the block's indentation set at the piece's one space, every line after
-    it kept seven of its eight: read as the rest of the line before)."""
-    for cases in _BY_ROW.values():
-        case = cases[0]
-        bar = next((ln for ln in case.lines if " Completed | " in ln), None)
-        if bar is not None:
-            _check_failure(case, [_indent_first(pad), _wrap(len(pad) + bar.index(" Completed | "))])
-
-
 def test_a_cri_files_partial_entries_put_together_are_no_line_as_wide_as_printed() -> None:
     """A long line the kubelet cut into partial entries (a repr: the failure's text as one string), each entry's
     line wrapped by the terminal: the line put together is long, but no line was printed that wide, so the paste
@@ -1109,19 +1096,25 @@ def test_a_wrapped_paste_a_rich_text_editor_escaped_is_read_back_on_every_piece(
         _check_failure(case, [wrap, _carrier(carrier), _medium("markdown-escaped")])
 
 
+#: where a wrap's piece may begin with the text's space and what a record begins with too: a carrier's prefix (a
+#: progress bar's " Completed | 2/4" reads like compose's), an exception's name, a traceback's lines
+_RECORD_LIKE = [re.compile(r" (?=Completed \| )"),
+                re.compile(r"(?<=\S) (?=(?:[A-Za-z_.]+(?:Error|Exception)|Traceback \(|File \"))")]
+
+
 @pytest.mark.parametrize("pad", INDENTS)
-def test_a_wrap_piece_that_begins_with_the_texts_space_and_a_records_word_leaves_its_blocks_indentation(
-        pad: str) -> None:
-    """Lines indented before the terminal wrapped them, one cut just before an exception's name behind vLLM's process
-    tag (``(EngineCore pid=3120)`` / `` ValueError: ...``): the piece begins with the text's own space and a word a
-    record begins with, but it follows a line as wide as the wrap, whose rest it is (found: the block's indentation
-    set at the piece's one space, every line after it kept three of its four)."""
-    word = re.compile(r"(?<=\S) (?=(?:[A-Za-z_.]+(?:Error|Exception)|Traceback \(|File \"))")
+def test_a_wrap_piece_that_begins_like_a_record_leaves_its_blocks_indentation_as_it_is(pad: str) -> None:
+    """Lines indented before the terminal wrapped them, one cut just before what a record begins with (a progress
+    bar's `` Completed | 2/4``, an exception's name behind vLLM's process tag: ``(EngineCore pid=3120)`` /
+    `` ValueError: ...``): the piece begins with the text's own space, after a line as wide as the wrap, whose rest
+    it is; and a carrier's line has no indentation of its own to be less than the block's (found, each: the
+    block's indentation set at the piece's one space, every line after it kept the rest of the block's)."""
     for cases in _BY_ROW.values():
         case = cases[0]
-        cut = next((m.start() for ln in case.lines for m in [word.search(ln, 40)] if m), None)
-        if cut is not None:
-            _check_failure(case, [_indent_first(pad), _wrap(len(pad) + cut)])
+        for word in _RECORD_LIKE:
+            cut = next((m.start() for ln in case.lines for m in [word.search(ln, 40)] if m), None)
+            if cut is not None:
+                _check_failure(case, [_indent_first(pad), _wrap(len(pad) + cut)])
 
 
 @pytest.mark.parametrize("marker", QUOTES)

@@ -220,9 +220,11 @@ class Classifier:
     def _verdict(self, exit_code: int | None) -> Diagnosis:
         if self._best is not None and not (self._terminated and self._best.prio < 25):
             prio, kind, evidence, nums, phase, placed = self._best[:6]
-            if prio <= _WRAPPER and (self._last_exc or self._exc_after_wrapper):
-                # a wrapper ("Engine core initialization failed") around a root cause no rule names
-                kind, evidence = Kind.UNKNOWN_FAILURE, self._last_exc or self._exc_after_wrapper
+            root = self._last_exc or self._exc_after_wrapper
+            if prio <= _WRAPPER and root and not _whole(root, evidence):
+                # a wrapper ("Engine core initialization failed") around a root cause no rule names (not the
+                # wrapper's own record, a wrap's piece of it read on its own first)
+                kind, evidence = Kind.UNKNOWN_FAILURE, root
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
             elif kind in _OOM_KINDS and placed in ("milestone", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
@@ -663,8 +665,12 @@ def place(d: Diagnosis, phase: str) -> Diagnosis:
 
 def _whole(piece: str, text: str) -> bool:
     """``text`` is ``piece``'s record whole (a piece of a wrapped line was read on its own first: its first,
-    however short, or one of 20 characters or more anywhere in it)."""
-    return len(text) > len(piece) and (text.startswith(piece) or len(piece) >= 20 and piece in text)
+    however short, or one of 20 characters or more anywhere in it; in any case: typed in lower case, the piece
+    got back the case of fewer of vLLM's phrases than the whole)."""
+    if len(text) <= len(piece):
+        return False
+    piece, text = piece.lower(), text.lower()
+    return text.startswith(piece) or len(piece) >= 20 and piece in text
 
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})

@@ -1264,6 +1264,8 @@ class Normalizer:
         body = _ANSI.sub("", line) if any(h in line for h in _ANSI_HINT) else line
         if body[:1] in " \t" and not _NUMBERED.match(body):
             body = body.lstrip(" \t")      # (an indented block's: off before the line is read, see _dedent)
+        if body[:1] == ">":
+            body = _QUOTE.sub("", body)     # (a quote's markers, likewise: see _unquote)
         body = strip_carriers(body).text
         starts = _vllm_starts(body)
         h = None if starts else _VLLM_INSIDE.search(body, 1, _PREFIX_MAX + 40)
@@ -1679,8 +1681,17 @@ class Normalizer:
         rest = seg[len(bare):]
         if rest and rest[:1] not in " \t" and self._block_lead:
             self._quote = bare
-            self._block_lead += len(q) - len(bare)
+            self._relead(self._block_lead + len(q) - len(bare))
         return rest
+
+    def _relead(self, lead: int) -> None:
+        """The block's indentation decided again, from a line read after others (a numbered block's, a quote's
+        markers that were bare): a prefix learnt from those lines was where they stood with the old one taken off,
+        and is where the lines after it stand with the new one taken off."""
+        shift = self._block_lead - lead
+        if shift and self._prefix_widths:
+            self._prefix_widths = {w + shift: pad + shift for w, pad in self._prefix_widths.items() if w + shift > 0}
+        self._block_lead = lead
 
     def _dedent(self, seg: str) -> str:
         """Take off the indentation of an indented block (a markdown code block, a list item's paste):
@@ -1722,7 +1733,14 @@ class Normalizer:
             self._numbered = _NUMBERED.match(seg) is not None
             self._block_lead, self._block_char = 0 if self._numbered else lead, seg[:1]
         elif self._numbered and not _NUMBERED.match(seg):
-            self._block_lead = lead if self._block_lead == 0 else min(lead, self._block_lead)
+            if self._block_lead == 0 and lead and _starts_own_record(body):
+                # the first line after the numbered one a record's, indented, with no number: the first line's was
+                # its text's (a paste that began mid-line: "896] vLLM API server version ..."), the block's
+                # indentation this line's
+                self._numbered = False
+                self._relead(lead)
+            else:
+                self._relead(lead if self._block_lead == 0 else min(lead, self._block_lead))
             self._block_char = seg[:1]
         elif (lead < self._block_lead and _starts_own_record(body)
               and not (self._drawn_before == self._drawn_max >= _WRAP_MIN)):
@@ -1730,7 +1748,8 @@ class Normalizer:
             # traceback's frame); the block's is this (a carrier's line has none of its own: "50%" / " Completed
             # | 2/4 ..." is a wrap's piece, no compose line; nor is the line after one as wide as the widest,
             # which goes on with the text's own space: "... with the model's" / " ValueError: ...")
-            self._block_lead, self._block_char = lead, seg[:1]
+            self._relead(lead)
+            self._block_char = seg[:1]
         if body.startswith(("```", "~~~")):
             self._new_block = True
         # a line indented less than the block's first is none of its indented lines: a wrap's piece that begins

@@ -957,14 +957,18 @@ def test_a_command_pasted_above_an_indented_log_is_read_with_the_prefix_its_line
     a tag nobody listed (nomad's ``[INFO]``), the whole indented (a code block): the command is held until a
     line shows the prefix, and read as that line is, its indentation off (found: the prefix learnt with the
     block's indentation and the stamp, which the lines read after it no longer had; the command's
-    --max-model-len lost; in a bug report's fence, the command read before the prefix was learnt)."""
+    --max-model-len lost; in a bug report's fence, the command read before the prefix was learnt; quoted, the
+    prefix learnt with the quote's markers)."""
     tagged = Paste(f"carrier {carrier} and a tag", lambda lines: [CARRIER_LINES[carrier]("[INFO]  " + m, i)
                                                                 for i, m in enumerate(lines)], 2)
     for case in FIXTURE_FAILURES:
         if re.search(r"vllm serve|python3? -m vllm|docker run", case.lines[0]) and case.name not in PRE_WRAPPED:
             _check_failure(case, [tagged, _indent("    ")])
-            # ... and in a bug report's fence, below the report's other blocks (a fence begins a paste of its own)
+            # ... and in a bug report's fence, below the report's other blocks (a fence begins a paste of its own);
+            # quoted (the command held is read for the prefix as it is read after: its markers off)
             _check_failure(case, [tagged, _report(case, ["prose", "environment"], "```log")])
+            for marker in QUOTES:
+                _check_failure(case, [tagged, _quote(marker)])
 
 
 def test_a_paste_indented_before_its_wrap_goes_on_after_a_blank_line() -> None:
@@ -1151,3 +1155,44 @@ def test_a_carriers_lines_indented_before_a_wrap_narrower_than_its_prefix_and_vl
     line after kept three of its four, the carrier's prefix no longer read)."""
     case = next(c for c in FAILURES if c.name == "v0_task_finished@0.5.0@0.5.0/serving/unknown-root")
     _check_failure(case, [_indent_first("    "), _carrier(carrier), _wrap(60)])
+
+
+@pytest.mark.parametrize("pad", ["        ", "\t"])
+def test_every_saved_log_indented_before_a_terminals_wrap_reads_as_it_does_plain(pad: str) -> None:
+    """Every saved log indented before the terminal wrapped it at 65 columns (in lower case too): one that begins
+    mid-line with a number (``896] vLLM API server version ...``, its header's file and line cut off) looks like a
+    right-aligned line number's column, but the next line is a record of the block's with none (found: the
+    block read as numbered, its indentation taken from the wrap's pieces, none, and kept on every line); and a
+    wrapper's line cut by the wrap, read on its own first, is no root cause beside the wrapper (found: "Engine core
+    initialization fail" / "ed. See root cause above ..." read as an exception no rule knows)."""
+    for case in FIXTURE_FAILURES + FIXTURE_HEALTHY:
+        if case.name not in PRE_WRAPPED:
+            for typed in ([], [LOWER]):
+                (_check_healthy if case.kind == "healthy" else _check_failure)(
+                    case, [_indent_first(pad), _wrap(65), *typed])
+
+
+def _vllm_headed(line: str) -> bool:
+    """The line shows vLLM's log header (behind its process tag or not)."""
+    return re.match(r"(?:\([^)]*pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d ", line) is not None
+
+
+@pytest.mark.parametrize("viewer", sorted(_NUMBERED))
+def test_a_numbered_block_whose_indentation_shows_after_its_first_line_keeps_the_prefix_learnt_there(
+        viewer: str) -> None:
+    """Numbered lines in a code block (indented after the numbering), the lines between the first and the failure's
+    left out for a marker typed in the editor: the block's indentation is known only from the marker's line, after
+    the prefix was learnt from the first line read with none off; the prefix moves with it, for the failure's line
+    that shows no header of vLLM's behind it (found: line 6's number a column off the one learnt, its exception line
+    read behind a prefix, the failure lost)."""
+    number = _NUMBERED[viewer]
+    numbered = Paste(f"carrier {viewer}", lambda lines: [number(i) + m for i, m in enumerate(lines)], 2)
+    for case in FIXTURE_FAILURES + CASES[::7]:
+        first = next((i for i, ln in enumerate(case.lines) if case.evidence and case.evidence.lower() in ln.lower()),
+                     None)
+        if (case.name in PRE_WRAPPED or first is None or first < 2 or _vllm_headed(case.lines[first])
+                or not _vllm_headed(case.lines[0])):
+            continue
+        marker = Paste("the lines before the failure's left out", lambda lines, k=first: [lines[0], "...",
+                                                                                         *lines[k:]], 3.5, "middle")
+        _check_failure(case, [numbered, marker, _indent("        ")])

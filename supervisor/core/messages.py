@@ -571,18 +571,17 @@ ENGINE_FILES = (("/vllm/v1/", "v1"), ("/vllm/worker/worker.py", "v0"), ("/vllm/w
 #: Frames that place a failure only when no frame above them in the traceback did.
 _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
     "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}
-#: Frames whose call runs other phases of the start-up than the one it is named for: the function, the part
-#: of its file's path that says which (a name other files use too), the earliest phase it can be in and the
-#: latest (none: any, before serving). V0's
-#: worker ``initialize_cache`` allocates the KV cache, then warms the model up and captures its graphs, as V1's
-#: executor ``initialize_from_config`` has its workers do; V0's worker ``_warm_up_model`` captures the graphs
-#: (then seeds the sampler), and V1's ``compile_or_warm_up_model`` warms up (compile sizes, kernels), captures and
-#: warms the sampler up; V0's model runner's ``execute_model`` runs the profile's and the capture's batches
-#: as well as the server's (V1's start-up runs its own, ``_dummy_run``); V0's executors' ``_run_workers`` runs
-#: any worker method. A traceback whose deepest known frame is one of these, with no sign of serving, lost its
-#: deeper frames: the milestones place it, within the phases its call can be in (a milestone logged after the
-#: call began says no more than its last phase: 0.9's "init engine ... took" before the sampler's warm-up)
-#: (``classifier._frames_place``).
+#: Frames whose call runs other phases of the start-up than the one it is named for: the function, the part of its
+#: file's path that says which (a name other files use too), the earliest phase it can be in and the latest (none:
+#: any, before serving). V0's worker ``initialize_cache`` allocates the KV cache, then warms the model up and
+#: captures its graphs, as V1's executor ``initialize_from_config`` has its workers do; V0's worker
+#: ``_warm_up_model`` captures the graphs (then seeds the sampler), and V1's ``compile_or_warm_up_model`` warms up
+#: (compile sizes, kernels), captures and warms the sampler up; V0's model runner's ``execute_model`` runs the
+#: profile's and the capture's batches as well as the server's (V1's start-up runs its own, ``_dummy_run``); V0's
+#: executors' ``_run_workers`` runs any worker method. A traceback whose deepest known frame is one of these, with no
+#: sign of serving, lost its deeper frames: the milestones place it, within the phases its call can be in (a
+#: milestone logged after the call began says no more than its last phase: 0.9's "init engine ... took" before the
+#: sampler's warm-up) (``classifier._frames_place``).
 ENCLOSING_FRAMES = {"initialize_cache": ("/vllm/worker/", "kv_cache", "warmup"),
                     "initialize_from_config": ("/vllm/v1/executor/", "kv_cache", "warmup"),
                     "_warm_up_model": ("/vllm/worker/", "cudagraph", "warmup"),

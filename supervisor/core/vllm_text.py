@@ -1035,6 +1035,7 @@ class Normalizer:
         server printing lines of one length looked hard-wrapped at it, and every line took the slow
         path); carriers, quotes and the rest are still taken off where they appear."""
         self.carriers: Counter[str] = Counter()    # the carriers recognised, by lines
+        self._paste_lines = 0                       # the lines of a paste read
         self.guard_lines = 0                        # the guard's own lines dropped
         self.newest_first = False                   # the entries came newest first and were re-ordered
         self.dropped = 0                            # old entries of an over-long newest-first paste dropped
@@ -1105,8 +1106,13 @@ class Normalizer:
     # ------------------------------------------------------------------ public
     @property
     def carrier(self) -> str | None:
-        """The carrier most of the log's lines came through, or None (vLLM's own output)."""
-        return self.carriers.most_common(1)[0][0] if self.carriers else None
+        """The carrier most of the log's lines came through, or None (vLLM's own output). In a paste, one on a
+        tenth of its lines at least: a wrap's piece or two that read like a carrier's prefix (a progress bar's
+        "Completed | 2/4" like compose's) say nothing of how the paste came."""
+        if not self.carriers:
+            return None
+        name, count = self.carriers.most_common(1)[0]
+        return name if self._live or count * 10 >= self._paste_lines else None
 
     @property
     def wrap_width(self) -> int | None:
@@ -1125,6 +1131,7 @@ class Normalizer:
         if last == "\n" or last == "\r":      # (a paste's CRLF lines split at LF: a blank one is "\r")
             line = line.rstrip("\r\n")
         if not self._live:               # a paste: what a medium did to it undone (a pipe went through none)
+            self._paste_lines += 1
             line = self._as_typed(line)
             fence = line.lstrip(" \t>")[:3] in ("```", "~~~")
             if fence and self._prelude:

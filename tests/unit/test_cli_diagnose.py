@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,19 @@ def test_an_oom_nothing_places_is_reported_as_unknown_not_as_the_weights(capsys:
     assert "nothing in the log says where" in why and "do not fit" not in why
     assert _run(["--json", str(log)]) == 0
     assert json.loads(capsys.readouterr().out)["phase"] == "unknown"
+
+
+def test_a_wrapped_repr_is_not_said_to_have_come_through_a_carrier(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """A failure's text pasted as one string and wrapped by an editor at 80 columns: a piece that begins with a
+    progress bar's ``Completed | 2/4`` reads like compose's prefix, but one such line in the paste is no carrier's:
+    the report says what was undone, and nothing else (found: ``read as:  compose (docker compose) lines``)."""
+    tagged = [f"(EngineCore pid=31) INFO 11-30 12:00:0{i} [core.py:1] Loading safetensors checkpoint shards:  "
+              f"{25 * i}% Completed | {i}/4 [00:0{i}<00:01,  1.22it/s]" for i in range(1, 4)]
+    log = tmp_path / "repr.log"
+    text = "\\n".join([*tagged, *(LOGS / "v1" / "0.8.4-kv-insufficient-no-estimate.log").read_text().splitlines()])
+    log.write_text("\n".join(textwrap.wrap(text, 80, break_long_words=False)) + "\n")
+    assert _run([str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "kv_cache_insufficient" in out.splitlines()[0]
+    assert "  read as:  wrapped at" in out and "compose" not in out

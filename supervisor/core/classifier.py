@@ -228,6 +228,10 @@ class Classifier:
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
             elif kind in _OOM_KINDS and placed in ("milestone", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
+            elif kind in _OOM_KINDS and placed == "milestone" and self._phase == _PHASE["kv_cache"]:
+                # placed after the KV cache was sized: by the engine generation the whole log shows (a paste
+                # cut to its last lines shows it only in the frames after the error)
+                kind, phase = _oom_at("kv_cache", v0=_v0(self._numbers, self.engine))
             numbers = self._with_engine({**self._numbers, **nums})
             if kind is Kind.CONFIG_ERROR and "required_gpus" not in numbers and (
                     "grace_s" in numbers or "placement group" in evidence.lower()

@@ -672,6 +672,24 @@ def test_a_frameless_oom_after_the_kv_cache_was_sized_is_placed_by_the_engine_ge
     assert place(unplaced, "kv_cache").kind is kind      # (the daemon's: the phase its live stream reached)
 
 
+@pytest.mark.parametrize(("frames", "kind", "phase"), [
+    ([("run_mp_engine", f"{_S}/engine/multiprocessing/engine.py"), ("from_engine_args", f"{_S}/engine/llm_engine.py")],
+     Kind.OOM_PROFILE, "kv_cache"),
+    ([("run_engine_core", f"{_S}/v1/engine/core.py"), ("__init__", f"{_S}/v1/engine/core.py")],
+     Kind.OOM_CUDAGRAPH, "cudagraph"),
+])
+def test_a_frameless_oom_is_placed_by_the_engine_generation_the_whole_log_shows(
+        frames: list[tuple[str, str]], kind: Kind, phase: str) -> None:
+    """A paste cut to its last lines (the banner gone): the engine generation shows only in the frames printed
+    after the error, which place nothing themselves; the verdict is that generation's (found: V0's KV cache
+    allocation read as V1's capture)."""
+    lines = ["INFO 10-15 12:00:00 executor_base.py:429] Maximum concurrency for 131072 tokens per request: 8.53x",
+             "ERROR 10-15 12:00:00 engine.py:366] CUDA out of memory. Tried to allocate 2.00 GiB.",
+             "Traceback (most recent call last):", *[_frame(*f) for f in frames]]
+    got = classify(lines, 1)
+    assert (got.kind, got.phase) == (kind, phase), got
+
+
 _V0_LOADED = "INFO 10-15 12:00:00 model_runner.py:1077] Loading model weights took 14.9595 GB"
 _V0_BLOCKS = "INFO 10-15 12:00:03 distributed_gpu_executor.py:57] # GPU blocks: 2471, # CPU blocks: 2048"
 _V0_CAPTURING = ("INFO 10-15 12:00:04 model_runner.py:1398] Capturing the model for CUDA graphs. This may lead to "

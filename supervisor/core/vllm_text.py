@@ -859,6 +859,8 @@ _QUOTE = re.compile(r"^(?:> ?)+")           # (a tab after a ">" is the text's o
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
 #: the widest line of a paste an editor wrapped at _WRAP_MIN may fall short of it by a word
 _SOFT_MIN = _WRAP_MIN - 10
+_EM_DASH_AFTER = re.compile(r"[\w!\"'&.,?]").fullmatch    # what a dash textwrap breaks at follows
+_WORD_CHAR = re.compile(r"\w").fullmatch
 _HYPHEN, _PUNCT = 1, 2             # a break after a hyphen, where a space was (see Normalizer._judge)
 _WORD = re.compile(r"[a-z]+", re.I)
 _BREAKS_KEPT = 1024              # the breaks judged again when a wider line comes (the first ones)
@@ -946,9 +948,15 @@ def _lead(text: str) -> int:
 
 
 def _hyphen_break(last: str, first: str) -> bool:
-    """An editor broke a hyphenated word after its hyphen (textwrap's rule: two letters before it, one
-    after), ``last`` the word before the break, ``first`` the one after."""
-    return last[-1:] == "-" and last[-3:-1].isalpha() and first[:1].isalpha()
+    """An editor broke a word after a hyphen, ``last`` the word before the break, ``first`` the one after:
+    a hyphenated word's (textwrap's rule: two letters before it, one after), or a dash of two hyphens or
+    more between words (a flag's ``'--`` / ``nnodes'``: textwrap's em-dash, where a browser breaks too)."""
+    if last[-1:] != "-" or not first[:1]:
+        return False
+    if last[-3:-1].isalpha() and first[:1].isalpha():
+        return True
+    word = last.rstrip("-")
+    return len(last) - len(word) >= 2 and bool(word) and _EM_DASH_AFTER(word[-1]) and _WORD_CHAR(first[0])
 
 
 def _in_word(last: str, first: str, full: bool, width: int, alone: bool = False) -> bool:

@@ -732,6 +732,37 @@ def test_every_catalogue_message_wrapped_at_words_at_the_narrowest_and_widest_wi
                 _check_failure(cases[0], [_word_wrap(width, long_words, hyphens)])
 
 
+def _dash_widths(lines: list[str]) -> list[int]:
+    """The widths (40-240) at which textwrap, breaking at hyphens, ends a line after a flag's dashes
+    (``'--`` / ``nnodes'``) in one of ``lines``, that line as wide as the width (where a break says the most
+    of the wrap: as wide as the widest)."""
+    dashed = [line for line in lines if "--" in line]
+    out = []
+    for width in range(40, 241):
+        wrapper = textwrap.TextWrapper(width=width, break_on_hyphens=True, expand_tabs=False,
+                                       replace_whitespace=False)
+        if any(len(p) == width and p.endswith("--") for line in dashed if len(line) > width
+               for p in wrapper.wrap(line)[:-1]):
+            out.append(width)
+    return out
+
+
+_DASHED = [c for c in FIXTURES + FAILURES if c.kind not in NOT_FAILURES and any("--" in line for line in c.lines)]
+
+
+@pytest.mark.parametrize("case", _DASHED, ids=lambda c: c.name)
+def test_an_editors_break_after_a_flags_dashes_is_no_terminals_cut(case: cat.Case) -> None:
+    """textwrap (and a browser) breaks after a dash of two hyphens as after a hyphenated word's: the break
+    dropped no space and says nothing of a terminal (found: two such lines as wide as the widest, behind
+    a journal's JSON fields of one width, read as a terminal's cuts, and the space after ``World size (8)``
+    lost). Every failure that shows a flag, at widths where the wrap breaks after its dashes a line as wide
+    as the widest, plain and as a journal's JSON lines printed newest first."""
+    for carried in ([], [_carrier("journal-json"), NEWEST_FIRST]):
+        widths = _dash_widths(_apply(case, carried))
+        for width in sorted(set(widths[:1] + widths[-1:])):     # (the narrowest and the widest)
+            _check_failure(case, [*carried, _word_wrap(width, True, True)])
+
+
 def test_a_newest_first_console_of_one_second_is_put_back_in_order_at_every_wrap_width() -> None:
     # every entry stamped the same second: only the text says the order (a traceback's header comes before
     # its frames); the header's line wrapped onto the next or whole, it is one vote (hypothesis found the

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 import html
 import json
 import re
@@ -798,6 +799,15 @@ class Recaser:
             first = re.search(r"[a-z0-9_]+", low)
             by_word.setdefault(first.group(0) if first else low[:1], []).append((low, p))
         self._by_word = by_word
+        self._words: frozenset[str] | None = None
+
+    @property
+    def words(self) -> frozenset[str]:
+        """The words of the phrases, as printed and in lower case (when first needed)."""
+        if self._words is None:
+            cased = {w for phrases in self._by_word.values() for _, p in phrases for w in _WORD.findall(p)}
+            self._words = frozenset(w.lower() for w in cased) | cased
+        return self._words
 
     _GLOG = re.compile(r"^((?:\[rank\d+\]:)?\[)([iwef])(?=(?:\d{4} [\d:.]+(?: \d+)?)? ?[\w./-]+:\d+\])")
 
@@ -843,6 +853,12 @@ class Recaser:
             out = out.replace("file \"", "File \"")
         out = self._EXC.sub(lambda m: m.group(1) + m.group(2).capitalize(), out)
         return self._UNITS.sub(lambda m: m.group(1) + self._UNIT_CASE[m.group(2)], out)
+
+
+@functools.lru_cache(maxsize=8)
+def _recaser(vocabulary: tuple[str, ...]) -> Recaser:
+    """One Recaser per vocabulary (the rules' phrases do not change: a paste read, a launch, builds none)."""
+    return Recaser(vocabulary)
 
 
 _UPPER = re.compile(r"[A-Z]")
@@ -1047,7 +1063,7 @@ class Normalizer:
         self.guard_lines = 0                        # the guard's own lines dropped
         self.newest_first = False                   # the entries came newest first and were re-ordered
         self.dropped = 0                            # old entries of an over-long newest-first paste dropped
-        self._recase = Recaser(vocabulary)
+        self._recase = _recaser(tuple(vocabulary))
         self._block_lead = 0                        # the indentation of the block of lines being read
         self._block_char = ""                       # ... its first character (a space or a tab)
         self._reprs = False                         # a record held a string's repr, its breaks written out
@@ -1077,7 +1093,6 @@ class Normalizer:
         self._prev_width = 0
         self._prev_raw = ""
         self._soft_before = ""                      # the record before, read as an editor's wrap
-        self._words: frozenset[str] | None = None   # the words of vLLM's messages (when first needed)
         self._live = live
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
@@ -1947,10 +1962,7 @@ class Normalizer:
 
     def _vocabulary(self) -> frozenset[str]:
         """The words of vLLM's messages (the rules' own phrases), as printed and in lower case."""
-        if self._words is None:
-            cased = {w for phrases in self._recase._by_word.values() for _, p in phrases for w in _WORD.findall(p)}
-            self._words = frozenset(w.lower() for w in cased) | cased
-        return self._words
+        return self._recase.words
 
     def _glued_word(self, last: str, first: str) -> bool:
         """The end of ``last`` and the start of ``first`` together are a word of vLLM's messages, and at

@@ -958,6 +958,16 @@ def _header_gap(before: str, line: str) -> bool:
     return spaced and not any(m.start() < k < m.end() for m in _HEADER_TIME.finditer(a + b))
 
 
+def _column(text: str) -> tuple[int, int]:
+    """The spaces and tabs ``text`` begins with, and where the number after them ends (a right-aligned
+    column's end, as its number grows)."""
+    lead = _lead(text)
+    end = lead
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    return lead, end
+
+
 def _lead(text: str) -> int:
     """How many spaces and tabs ``text`` begins with."""
     return len(text) - len(text.lstrip(" \t"))
@@ -1096,7 +1106,8 @@ class Normalizer:
         self._live = live
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
-        self._prefix_widths: dict[int, int] = {}   # ... how long it was on those lines: the spaces before it
+        self._prefix_widths: dict[int, tuple[int, int]] = {}   # ... how long it was on those lines: the spaces
+        #                                                           before it, and where its first number ended
         self._numbers_only = False                  # ... learnt from line numbers, no line of vLLM's behind it yet
         self._last_text = ""                        # the text of the line before (a wrap's piece's, too)
         self._prelude: list[str] | None = [] if not live else None     # a paste's first lines (_prelude_step)
@@ -1331,7 +1342,7 @@ class Normalizer:
             return False
         shape = prefix_shape(m.group(0))
         self._shapes[shape] += 1
-        self._prefix, self._prefix_widths, self._numbers_only = re.compile(shape), {m.end(): _lead(m.group(0))}, True
+        self._prefix, self._prefix_widths, self._numbers_only = re.compile(shape), {m.end(): _column(m.group(0))}, True
         return True
 
     def _end_of_paste(self) -> None:
@@ -1519,15 +1530,15 @@ class Normalizer:
                                               or self._shapes[shape] >= self._shapes[self._prefix.pattern]):
             if self._prefix is None or self._prefix.pattern != shape:
                 self._prefix, self._prefix_widths = re.compile(shape), {}
-            self._prefix_widths[k] = _lead(seg)
+            self._prefix_widths[k] = _column(seg)
         return seg[k:]
 
     def _learnt_off(self, seg: str) -> str | None:
         """``seg`` without the learnt prefix it begins with (as long as it was where learnt: a digit more or less
         for each of its numbers, or a ``:`` for a ``-``; a right-aligned number's column exactly, or wider by a
         digit for each of its numbers where the number outgrew the column, or after as many spaces: an indented
-        block's numbers, left-aligned, grew a digit; a wrap's piece "29500 (errno ..." is no ``less -N`` column),
-        or None."""
+        block's numbers, left-aligned, grew a digit; or where the column ends where it ended: a number after it
+        grew; a wrap's piece "29500 (errno ..." is no ``less -N`` column), or None."""
         rx = self._prefix
         if rx is None:
             return None
@@ -1537,8 +1548,10 @@ class Normalizer:
         end, widths = m.end(), self._prefix_widths
         slack = max(1, rx.pattern.count("\\d+"))     # (each of its numbers a digit more or less)
         if rx.pattern[:6] == "[ \\t]*":       # a right-aligned number's column
-            fits = end in widths or any(0 < end - w <= slack and (seg[:1] not in " \t" or _lead(seg) == lead)
-                                        for w, lead in widths.items())
+            lead_col = _column(seg)
+            fits = end in widths or any(0 < end - w <= slack and (seg[:1] not in " \t" or lead_col[0] == lead
+                                                                  or lead_col[1] == col)
+                                        for w, (lead, col) in widths.items())
         else:
             fits = any(abs(end - w) <= slack for w in widths)
         return seg[end:] if fits or self._replaying else None
@@ -1720,7 +1733,8 @@ class Normalizer:
         and is where the lines after it stand with the new one taken off."""
         shift = self._block_lead - lead
         if shift and self._prefix_widths:
-            self._prefix_widths = {w + shift: pad + shift for w, pad in self._prefix_widths.items() if w + shift > 0}
+            self._prefix_widths = {w + shift: (pad + shift, col + shift)
+                                   for w, (pad, col) in self._prefix_widths.items() if w + shift > 0}
         self._block_lead = lead
 
     def _dedent(self, seg: str) -> str:

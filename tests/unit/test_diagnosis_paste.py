@@ -1066,6 +1066,22 @@ def test_an_indented_block_of_left_aligned_line_numbers_keeps_its_prefix_as_the_
             _check_failure(case, [numbered, _wrap(width), _indent(pad)])
 
 
+@pytest.mark.parametrize("shape", ["{i:6d} > prod.log > {i}: ", "{i:4d}\t[{i}] "], ids=["names", "bracket"])
+def test_a_right_aligned_number_before_a_left_aligned_one_keeps_its_prefix_where_the_second_grows_a_digit(
+        shape: str) -> None:
+    """A right-aligned line number's column, then a number that grows (``     9 > f > 9: ``, ``    10 > f > 10: ``):
+    the column ends where it ended, its spaces one fewer, and the prefix is a digit longer (found: a traceback's
+    exception line, with no log header to find the prefix by, kept it: "a traceback cut off before its exception
+    line"). The number grows on each line of a share of the catalogue's failures in turn."""
+    for cases in list(_BY_ROW.values())[::8]:
+        case = cases[0]
+        for k in range(len(case.lines)):
+            first = 10 - k       # (line k numbered 10)
+            numbered = Paste(f"numbered {shape!r} from {first}", lambda lines, f=first: [
+                shape.format(i=max(1, i + f)) + m for i, m in enumerate(lines)], 2)
+            _check_failure(case, [numbered])
+
+
 @pytest.mark.parametrize("pad", INDENTS)
 def test_a_word_an_editor_cut_at_its_width_is_glued_back_in_a_block_indented_after_the_wrap(pad: str) -> None:
     """An editor cuts a word longer than its width (a long path or function name) at the width; the block is

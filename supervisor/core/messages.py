@@ -575,8 +575,9 @@ _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") |
 #: file's path that says which (a name other files use too), the earliest phase it can be in and the latest (none:
 #: any, before serving). V0's worker ``initialize_cache`` allocates the KV cache, then warms the model up and
 #: captures its graphs, as V1's executor ``initialize_from_config`` has its workers do; V0's worker
-#: ``_warm_up_model`` captures the graphs (then seeds the sampler), and V1's ``compile_or_warm_up_model`` warms up
-#: (compile sizes, kernels), captures and warms the sampler up; V0's model runner's ``execute_model`` runs the
+#: ``_warm_up_model`` captures the graphs (then seeds the sampler), and V1's ``compile_or_warm_up_model`` (the
+#: worker's, and the executor's that has its workers run it) warms up (compile sizes, kernels), captures and warms
+#: the sampler up; V0's model runner's ``execute_model`` runs the
 #: profile's and the capture's batches as well as the server's (V1's start-up runs its own, ``_dummy_run``); V0's
 #: executors' ``_run_workers`` runs any worker method. A traceback whose deepest known frame is one of these, with no
 #: sign of serving, lost its deeper frames: the milestones place it, within the phases its call can be in (a
@@ -585,7 +586,7 @@ _WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") |
 ENCLOSING_FRAMES = {"initialize_cache": ("/vllm/worker/", "kv_cache", "warmup"),
                     "initialize_from_config": ("/vllm/v1/executor/", "kv_cache", "warmup"),
                     "_warm_up_model": ("/vllm/worker/", "cudagraph", "warmup"),
-                    "compile_or_warm_up_model": ("/vllm/v1/worker/", "cudagraph", "warmup"),
+                    "compile_or_warm_up_model": ("/vllm/v1/", "cudagraph", "warmup"),
                     "execute_model": ("/vllm/worker/", "profiling", ""),
                     "_run_workers": ("/vllm/executor/", "engine_init", "")}
 

@@ -722,6 +722,10 @@ _V0_CAPTURING = ("INFO 10-15 12:00:04 model_runner.py:1398] Capturing the model 
       "took 0.59 GiB", "(EngineCore_DP0 pid=7) INFO 10-15 12:00:55 [core.py:218] init engine (profile, create kv "
       "cache, warmup model) took 55.48 seconds"],
      [("compile_or_warm_up_model", f"{_S}/v1/worker/gpu_worker.py")], Kind.OOM_PROFILE, "warmup"),
+    # ... as does the executor's, which has its workers run it (found: a paste that left out the deeper frames)
+    (["(EngineCore_DP0 pid=7) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5     | 30/67"],
+     [("_initialize_kv_caches", f"{_S}/v1/engine/core.py"),
+      ("compile_or_warm_up_model", f"{_S}/v1/executor/abstract.py")], Kind.OOM_CUDAGRAPH, "cudagraph"),
     # V1's executor initialize_from_config has its workers allocate, then compile, warm up and capture
     (["(EngineCore_DP0 pid=7) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5     | 30/67"],
      [("_initialize_kv_caches", f"{_S}/v1/engine/core.py"), ("initialize_from_config", f"{_S}/v1/executor/abstract.py")],

@@ -249,10 +249,10 @@ def _starts_record(text: str) -> bool:
     """A line that begins a record: vLLM's header or process tag, a traceback's lines, an exception
     line, a carrier's prefix (what a quoted or indented paste begins with)."""
     body = text.lstrip(" \t")
-    return _starts_own_record(body) or bool(strip_carriers(body).carriers)
+    return starts_own_record(body) or bool(strip_carriers(body).carriers)
 
 
-def _starts_own_record(body: str) -> bool:
+def starts_own_record(body: str) -> bool:
     """... of vLLM's or Python's own (no carrier's): the lines that may carry an indentation of their own."""
     return bool(_vllm_starts(body) or _FAST_ANY_CASE.match(body) or body.startswith(RECORD_STARTS)
                 or body.startswith(("[rank", '{"', "$ ", "vllm serve", "python -m vllm", "python3 -m vllm"))
@@ -1136,6 +1136,10 @@ class Normalizer:
         self._dropped_seen = 0                      # ... a line that wide, the space after it dropped
         self._cuts_seen: set[str] = set()           # the full lines' breaks counted (the word before each)
         self._long_seen = self._live                # a line wider than any wrap (live: wraps ruled out)
+        #: the paragraph read now (the lines since a blank line): the widest line before it widened the paste,
+        #: and whether one of its lines began a record (see _narrowed)
+        self._para_from: tuple[int, int, str, int, bool] | None = None
+        self._para_record = False
 
     # ------------------------------------------------------------------ public
     @property
@@ -1220,6 +1224,9 @@ class Normalizer:
             self._physical(line)
         else:
             self._new_block = True        # a blank line: an indented block may start after it
+            if self._para_from is not None and not self._para_record:
+                self._narrowed()
+            self._para_from, self._para_record = None, False
         self._plain = (self._long_seen and self._pending is None and not self._held and self._order != "newest"
                        and not self._partial and not self._json_buf and not self._block_lead
                        and not self._quote_depth)
@@ -1367,6 +1374,14 @@ class Normalizer:
         self._flush_pending()
 
     # ------------------------------------------------------------------ stage A: one physical line
+    def _narrowed(self) -> None:
+        """A paragraph (the lines since a blank line) that widened the paste ended, and none of its lines began a
+        record: a reporter's prose above, between or below the log's blocks, typed at no wrap's width. The widest
+        line is what it was before it, and the breaks are judged again."""
+        self._max_width, self._at_max, self._at_max_text, self._max_lead, self._long_seen = self._para_from or (
+            0, 0, "", 0, False)
+        self._recount()
+
     def _physical(self, seg: str) -> None:
         if "\x1b" in seg or "^[" in seg or "m(" in seg or "[0" in seg or "[1" in seg or "[3" in seg:
             seg = _ANSI.sub("", seg)
@@ -1392,6 +1407,8 @@ class Normalizer:
                 self._quote_depth, self._quote = 0, ""      # the quote ended
         seg = self._dedent(seg)
         self._lead_off = width - len(seg)
+        if not self._para_record and _starts_record(seg):
+            self._para_record = True        # (a paragraph of the log's, not prose: see _narrowed)
         c = seg[:1]
         if (c == "`" or c == "~") and seg.startswith(("```", "~~~")) and not self._live:
             # a paste of its own starts: a bug report's blocks were pasted each on its own, each wrapped at its
@@ -1777,7 +1794,7 @@ class Normalizer:
             self._numbered = _NUMBERED.match(seg) is not None
             self._block_lead, self._block_char = 0 if self._numbered else lead, seg[:1]
         elif self._numbered and not _NUMBERED.match(seg):
-            if self._block_lead == 0 and lead and _starts_own_record(body):
+            if self._block_lead == 0 and lead and starts_own_record(body):
                 # the first line after the numbered one a record's, indented, with no number: the first line's was
                 # its text's (a paste that began mid-line: "896] vLLM API server version ..."), the block's
                 # indentation this line's
@@ -1786,7 +1803,7 @@ class Normalizer:
             else:
                 self._relead(lead if self._block_lead == 0 else min(lead, self._block_lead))
             self._block_char = seg[:1]
-        elif (lead < self._block_lead and _starts_own_record(body)
+        elif (lead < self._block_lead and starts_own_record(body)
               and not (self._drawn_before == self._drawn_max >= _WRAP_MIN)):
             # a record's line indented less than the block's first: that one's own indentation was in it (a
             # traceback's frame); the block's is this (a carrier's line has none of its own: "50%" / " Completed
@@ -1941,9 +1958,13 @@ class Normalizer:
         if word:
             return
         if width > _WRAP_MAX:
+            if self._para_from is None:
+                self._para_from = (self._max_width, self._at_max, self._at_max_text, self._max_lead, self._long_seen)
             self._long_seen = True
             return
         if width > self._max_width:
+            if self._para_from is None:
+                self._para_from = (self._max_width, self._at_max, self._at_max_text, self._max_lead, self._long_seen)
             self._max_width, self._at_max, self._at_max_text = width, 1, text
             self._max_lead = self._lead_off
             self._recount()

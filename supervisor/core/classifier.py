@@ -29,13 +29,14 @@ Decision rules, in the order they matter on real logs:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from supervisor.core import exits
-from supervisor.core.diagnosis import PHASES, UNKNOWN_PHASE, Diagnosis, Kind
+from supervisor.core.diagnosis import NO_FAILURE, PHASES, UNKNOWN_PHASE, Diagnosis, Kind
 from supervisor.core.messages import (
     _CAPTURE,
     _CUDA,
@@ -71,12 +72,13 @@ from supervisor.core.messages import (
     _info_numbers,
 )
 from supervisor.core.vllm_text import EXCEPTION_LINE as _EXC
-from supervisor.core.vllm_text import Level, Normalizer, Record
+from supervisor.core.vllm_text import Level, Normalizer, Record, starts_own_record
 from supervisor.core.vllm_text import normalize as normalize  # re-exported: the one normalisation, read here too
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 _KEEP = 1000          # characters kept per ring-buffer line: bounded memory on 1 MB lines
 _EVIDENCE = 500       # evidence is trimmed to this many characters
+_LOGO_CHARS = frozenset("█▄▀")   # vLLM's logo (0.15+), its version on one of its lines
 _WRAPPER = 10         # the priority of rules that only say "see the root cause above"
 
 _INFO, _WARN, _ERROR, _RAW = Level.INFO, Level.WARN, Level.ERROR, Level.RAW
@@ -108,10 +110,14 @@ class Verdict(NamedTuple):
     evidence: str
     numbers: dict[str, Any]
     phase: str
-    placed: str = ""      # what placed an OOM: "message", "serving", "frames", "milestone"
+    placed: str = ""      # what placed an OOM: "message", "serving", "frames", "milestone", "generation" (the
+    #                       milestone "kv_cache", and the engine generation: read again at the verdict)
     provisional: bool = False   # vLLM only warned and may recover (a placement group Ray has not provided yet)
     quiet: bool = False   # read from numbers a start-up line states: not announced while streaming (the
     #                       error follows at once), withdrawn if the start-up goes on past it
+    stray: bool = False   # read from a line that is no record of vLLM's or Python's (no header, process tag,
+    #                       exception's name at its start) and in no traceback: a reporter's prose around a paste,
+    #                       a shell's note; the log's own record of the same weight, later, says it better
 
 
 class Classifier:
@@ -120,12 +126,23 @@ class Classifier:
     def __init__(self, max_lines: int = 2000, *, live: bool = False) -> None:
         """``live``: fed from a running vLLM's pipes (the daemon), not a saved or pasted log (diagnose)."""
         self.lines: deque[str] = deque(maxlen=max(1, max_lines))
+        self._from_vllm = False      # a log header, a milestone or a traceback was seen
+        self._text = Normalizer(VOCABULARY, live=live)   # the one normalisation of vLLM's text
+        self._launches = 1           # the launches the log shows (a banner after a verdict or past config)
+        self._earlier: Diagnosis | None = None   # the verdict on the launch before the last
+        self._announced = False      # a verdict was returned by feed() (once a classifier, whatever the launches)
+        self.feed_errors = 0         # lines whose reading raised (a bug in a rule): counted, never raised
+        self.last_feed_error = ""
+        self._start_launch()
+
+    def _start_launch(self) -> None:
+        """What is known of one launch (its start-up's phase, its verdict, its numbers): a log may hold several."""
         self._phase = 0
+        self._bannered = ""          # its banner (vLLM's version)
         self._serving = False
         self._capture_done = False   # "Graph capturing finished": a later capture line is another launch's
         self._numbers: dict[str, Any] = {}
         self._best: Verdict | None = None
-        self._announced = False
         self._terminated = False     # a KeyboardInterrupt: our own SIGTERM during start-up
         self._stopping = False       # the API server said it got a stop signal: what follows is its echo
         self._frame_phase: str | None = None   # the phase the current traceback's frames place it in
@@ -146,13 +163,11 @@ class Classifier:
         self._exc_after_wrapper = ""
         self._exc_phase = ""         # where that exception happened (its frames, else the milestone)
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
-        self._from_vllm = False      # a log header, a milestone or a traceback was seen
-        self._text = Normalizer(VOCABULARY, live=live)   # the one normalisation of vLLM's text
         self._engine: str | None = None       # the engine generation its banner named
         self._engine_seen = {"v0": 0, "v1": 0}   # ... else what its tags, files and words show
         self._last_proc = ""
-        self.feed_errors = 0         # lines whose reading raised (a bug in a rule): counted, never raised
-        self.last_feed_error = ""
+        self._tagged = False         # the line read now came with a process tag
+        self._stray = False          # ... is neither a record of vLLM's nor a traceback's (Verdict.stray)
 
     # ------------------------------------------------------------------ public
     @property
@@ -211,7 +226,19 @@ class Classifier:
             self._feed(self._text.flush())
         except Exception as e:  # noqa: BLE001
             self._failed(e)
-        return self._verdict(exit_code)
+        return self._of_launches(self._verdict(exit_code))
+
+    def _of_launches(self, last: Diagnosis) -> Diagnosis:
+        """The verdict on a log of several launches: the last launch's, or, where it stops before serving with
+        no failure in it (the log ends while it starts), the failure of the one before."""
+        earlier, n = self._earlier, self._launches
+        if earlier is None:
+            return last
+        if last.kind is Kind.INCOMPLETE and earlier.kind not in NO_FAILURE:
+            return dataclasses.replace(earlier, detail=f"{earlier.detail} (The launch before the last of {n} in the "
+                                       f"log; the last stops at '{last.phase}' with no failure in it.)")
+        return dataclasses.replace(last, detail=f"{last.detail} (The last of {n} launches in the log; the one "
+                                   f"before: {earlier.kind}.)")
 
     def _failed(self, e: Exception) -> None:
         self.feed_errors += 1
@@ -226,9 +253,9 @@ class Classifier:
                 # wrapper's own record, a wrap's piece of it read on its own first)
                 kind, evidence = Kind.UNKNOWN_FAILURE, root
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
-            elif kind in _OOM_KINDS and placed in ("milestone", "none") and self._runtime:
+            elif kind in _OOM_KINDS and placed in ("milestone", "generation", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
-            elif kind in _OOM_KINDS and placed == "milestone" and self._phase == _PHASE["kv_cache"]:
+            elif kind in _OOM_KINDS and placed == "generation":
                 # placed after the KV cache was sized: by the engine generation the whole log shows (a paste
                 # cut to its last lines shows it only in the frames after the error)
                 kind, phase = _oom_at("kv_cache", v0=_v0(self._numbers, self.engine))
@@ -284,6 +311,7 @@ class Classifier:
                         break
             if level != _RAW:
                 self._from_vllm = True
+            self._tagged = proc is not None
             # an INFO line joined to what may be the next record: never a failure (None)
             self._line(text, level, rank, None if joined and level == _INFO else pasted)
         if self._best is not before and self._best is not None and not self._announced and not self._best.quiet:
@@ -313,6 +341,7 @@ class Classifier:
             self._other_thread = stripped.startswith("Thread ")   # not the one that crashed ("Current thread")
             self._from_vllm = True
             return
+        self._stray = level == _RAW and not self._tagged and not self._open_traceback
         if self._open_traceback and not text.startswith(" ") and level == _RAW:
             self._open_traceback = ""    # the exception line that ends the traceback
         if text.startswith("    "):      # a traceback's source line
@@ -329,7 +358,7 @@ class Classifier:
                 self._best = best._replace(evidence=f"{best.evidence}: {stripped}")
         if level != _ERROR and (text.startswith(_MILESTONE_STARTS.get(text[:1], ())) or "block_size" in text
                                 or "engine (v" in text or "max_seq_len=" in text or "parallel_size" in text
-                                or (self._phase <= 1 and "version" in text)):
+                                or ("version" in text and (self._phase <= 1 or _LOGO_CHARS.intersection(text)))):
             self._milestone(text, level, rank)
         if level != _INFO and text.startswith(REQUEST_LOGS):
             self._request_next = True    # a request's error: the server serves, the traceback is the request's
@@ -410,8 +439,8 @@ class Classifier:
         for prefix, phase in _MILESTONES:
             if text.startswith(prefix):
                 new = _PHASE[phase]
-                if phase == "config" and prefix.startswith("vLLM") and self._phase > _PHASE["config"]:
-                    self._new_launch()
+                if phase == "config" and prefix.startswith("vLLM"):
+                    self._banner(text)
                 if new > self._phase or (phase == "cudagraph" and self._phase == _PHASE["warmup"]
                                          and not self._capture_done):
                     self._phase = new    # V1 warms kernels up before it captures
@@ -432,9 +461,10 @@ class Classifier:
             elif text.startswith(STOP_PREFIXES):
                 self._stopping = True    # stopped by a signal: the wrappers that follow are its echo
         found = _info_numbers(text)
-        if "vllm_version" not in found and self._phase <= 1 and any(c in text for c in "█▄▀"):
+        if "vllm_version" not in found and _LOGO_CHARS.intersection(text):
             m = _RX_LOGO.search(text)
             if m:
+                self._banner(text)       # (0.15+ prints its version in its logo)
                 found["vllm_version"] = m.group(1)
         old = self._numbers.get("vllm_version")
         if old and "vllm_version" in found and not found["vllm_version"].startswith(old):
@@ -447,10 +477,19 @@ class Classifier:
             self._offer(20, Kind.NO_KV_CACHE_MEMORY, text, {k: found[k] for k in ("available_kv_gib", "num_gpu_blocks")
                                                              if k in found}, "kv_cache", quiet=True)
 
-    def _new_launch(self) -> None:
-        """A second launch's banner in the same log: its start-up starts over."""
-        self._phase, self._serving, self._capture_done, self._runtime = 0, False, False, False
-        self._stopping = False
+    def _banner(self, text: str) -> None:
+        """vLLM's banner (its version, once a launch): another launch's after a verdict, a phase past the
+        configuration or another banner (not this one's again, read as a wrap's pieces grew) (a journal of the
+        guard's relaunches, a paste of two attempts): what is known starts over, and the verdict is the last
+        launch's (:meth:`_of_launches`)."""
+        # (the readings of one wrapped record differ in the spaces at its breaks: an editor's or a terminal's)
+        seen, now = self._bannered.replace(" ", ""), text.replace(" ", "")
+        again = now.startswith(seen) or seen.startswith(now)
+        if self._phase > _PHASE["config"] or self._best is not None or (self._bannered and not again):
+            self._earlier = self._verdict(None)
+            self._launches += 1
+            self._start_launch()
+        self._bannered = text
 
     def _check_warning(self, text: str, rank: int | None) -> None:
         """The few WARNING records that are fatal (everything else vLLM warns about is not)."""
@@ -602,24 +641,27 @@ class Classifier:
             where, placed = self.phase, "milestone"
         if sampler:
             return Kind.OOM_PROFILE, where if where in ("profiling", "warmup") else "profiling", placed
-        kind, where = _oom_at(where, frames=placed == "frames", v0=_v0(self._numbers, self.engine))
-        return kind, where, placed
+        kind, at = _oom_at(where, frames=placed == "frames", v0=_v0(self._numbers, self.engine))
+        return kind, at, "generation" if where == "kv_cache" and placed == "milestone" else placed
 
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
                provisional: bool = False, quiet: bool = False) -> None:
         best = self._best
-        if best is None or prio > best.prio:
-            self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional, quiet)
+        stray = self._stray and not starts_own_record(text)    # (an exception line alone is the log's)
+        if best is None or prio > best.prio or best.stray and not stray and prio == best.prio:
+            self._best = Verdict(prio, kind, text, numbers, phase, placed, provisional, quiet, stray)
         elif best.quiet and prio == best.prio and not quiet:
-            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
+            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional, False,
+                                 stray)
         elif prio == best.prio and _whole(best.evidence, text):
             # the same record whole again (a piece of a wrapped line was read on its own first)
-            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional)
+            self._best = Verdict(prio, kind, text, {**best.numbers, **numbers}, phase, placed, provisional, False,
+                                 stray)
         elif best.kind in _OOM_KINDS and kind in _OOM_KINDS and prio == best.prio:
             # V0 logs str(e) before the traceback: a later copy with frames places it better.
             merged = {**numbers, **best.numbers}
-            if (best.placed == "milestone" and placed in ("frames", "serving")
-                    or best.placed == "none" and placed in ("frames", "serving", "milestone")):
+            if (best.placed in ("milestone", "generation") and placed in ("frames", "serving")
+                    or best.placed == "none" and placed in ("frames", "serving", "milestone", "generation")):
                 self._best = Verdict(prio, kind, best.evidence, merged, phase, placed, False)
             else:
                 self._best = best._replace(numbers=merged, provisional=False)

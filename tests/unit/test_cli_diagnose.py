@@ -294,3 +294,18 @@ def test_a_wrapped_repr_is_not_said_to_have_come_through_a_carrier(capsys: pytes
     out = capsys.readouterr().out
     assert "kv_cache_insufficient" in out.splitlines()[0]
     assert "  read as:  wrapped at" in out and "compose" not in out
+
+
+def test_a_paste_of_two_attempts_reports_the_last_and_says_so(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """A reporter's two attempts in one paste, a sentence between (a flag misspelt, then the real failure): the
+    report is the last launch's, its relaunch that launch's, and it says there was one before."""
+    first = (LOGS / "current" / "0.21.0-invalid-choice.log").read_text()
+    last = (LOGS / "current" / "0.11.0-kv-insufficient.log").read_text()
+    log = tmp_path / "two.log"
+    log.write_text(f"{first}\nmy bad, a typo; the second try:\n\n{last}")
+    assert _run([str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "kv_cache_insufficient" in out[0]
+    assert "The last of 2 launches in the log; the one before: config_error." in out[1]
+    assert any(line.startswith("  relaunch: --max-model-len 41840") for line in out), out

@@ -1243,3 +1243,72 @@ def test_a_numbered_block_whose_indentation_shows_after_its_first_line_keeps_the
         marker = Paste("the lines before the failure's left out", lambda lines, k=first: [lines[0], "...",
                                                                                          *lines[k:]], 3.5, "middle")
         _check_failure(case, [numbered, marker, _indent("        ")])
+
+
+# --------------------------------------------------------------------------- what is around the log
+def _prose(text: str) -> Paste:
+    """The reporter's words above the log, a blank line between (a bug report's, a forum post's)."""
+    return Paste("prose above", lambda lines: [text, "", *lines], 9)
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "from-the-failure"])
+def test_prose_that_names_the_failure_above_the_log_leaves_the_verdict_to_the_logs_own_record(cut: bool) -> None:
+    """A reporter names the failure in a sentence above the log ("it fails with <the error> and I don't know
+    why"): a line that is neither vLLM's record nor a traceback's matched the rule first, and its place and
+    its words were the verdict's (found: an engine crash read from the prose, during "launching", the log's own
+    record, while serving, second). The log's own record of the same weight or more says it: its place, its
+    numbers, its evidence. Every catalogue failure, whole and cut to where it fails (no banner to start a
+    launch at)."""
+    for case in FAILURES:
+        if not case.evidence:
+            continue
+        sentence = _prose(f"After a while the server fails with {case.evidence} and I don't know why.")
+        ps = [sentence, _cut_head(case, case.start)] if cut else [sentence]
+        _check_failure(case, ps)
+        got = classify(_apply(case, ps), case.exit_code)
+        # (cut to a failure line that is no record either, pydantic's "Value error, ...": either says it)
+        assert cut or "know why" not in got.evidence, f"{case.name}: {got.evidence!r}"
+
+
+@pytest.mark.parametrize("width", [64, 80, 100, 132])
+def test_prose_wider_than_the_wrap_around_a_wrapped_log_leaves_the_wrap_its_width(width: int) -> None:
+    """A paragraph of the reporter's, typed on one line wider than the log's wrap (a forum's text box wraps it for
+    the eye only), above the log a terminal wrapped: the widest line was the prose's, no line of the log was
+    as wide, and the wrap was never found (found: the numbers of a KV cache error cut in two, "max_seq_len=81",
+    the evidence a piece). A paragraph none of whose lines begins a record is no wrap's: its widths are taken
+    back at the blank line that ends it. Every saved failure, a terminal's wrap and an editor's."""
+    prose = _prose("Running the model on two GPUs in the official container; copied from tmux so the lines are "
+                   "wrapped, sorry. The same happens with the latest release and with --enforce-eager, " * 2)
+    for case in FIXTURE_FAILURES:
+        if case.name not in PRE_WRAPPED:
+            _check_failure(case, [_wrap(width), prose])
+            _check_failure(case, [_word_wrap(width, True, False), prose])
+
+
+def _launches(first: cat.Case, then: list[str]) -> Paste:
+    return Paste(f"after {first.name}", lambda lines: [*first.lines, *then, *lines], 9)
+
+
+#: the failures whose log begins with vLLM's banner (one medium for both launches: no log a paste had wrapped)
+_BANNERED = [c for c in FIXTURE_FAILURES + FAILURES if c.lines and c.name not in PRE_WRAPPED
+             and "server version" in c.lines[0] and re.match(r"(\(APIServer pid=\d+\) )?INFO ", c.lines[0])]
+_PLAIN_HEALTHY = [c for c in FIXTURE_HEALTHY if c.name.startswith(("current/", "real-0.32/"))]
+
+
+@pytest.mark.parametrize("k", range(4))
+def test_a_log_of_several_launches_is_read_for_the_last(k: int) -> None:
+    """A journal of the guard's relaunches, a paste of two attempts ("my bad, a typo; the second try"): each
+    launch's banner starts what is known over, and the verdict is the last launch's (found: an argparse error
+    of the first attempt called the paste's failure, the second attempt's KV cache error not read). A last
+    launch cut before it fails or serves leaves the failure of the one before. Pairs of the catalogue's
+    failures with a banner, and a healthy last launch."""
+    # (the first launch's failure from its text: an exit status is the last process's)
+    firsts = [c for c in _BANNERED[k::4] if classify(c.lines).kind.value == c.kind]
+    for i, first in enumerate(firsts):
+        last = _BANNERED[(7 * i + k + 1) % len(_BANNERED)]
+        _check_failure(last, [_launches(first, ["", "$ vllm serve again"])])
+        healthy = _PLAIN_HEALTHY[i % len(_PLAIN_HEALTHY)]
+        got = classify([*first.lines, *healthy.lines])
+        assert got.kind.value == "healthy", f"{first.name} then {healthy.name}: {got.kind} from {got.evidence!r}"
+        got = classify([*first.lines, "", last.lines[0]])
+        assert got.kind.value == first.kind, f"{first.name} then a banner: {got.kind} from {got.evidence!r}"

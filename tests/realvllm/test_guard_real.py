@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from realguard import GuardProc, Tracker, alive, is_api_server, is_vllm_proc
+from realguard import GuardProc, Tracker, alive, guard_exe, is_api_server, is_vllm_proc
 
 # Each test may include the one-time venv set-up (minutes on a fresh machine); waits inside have
 # their own deadlines, sized for 2 busy cores.
@@ -99,6 +100,18 @@ def test_kv_cache_failure_is_healed_in_one_relaunch(noplan: GuardProc) -> None:
     assert len(relaunch_lines) == 1, relaunch_lines
     assert "--max-model-len" in relaunch_lines[0] and chosen in relaunch_lines[0], relaunch_lines[0]
     _assert_chat(noplan)
+
+
+def test_diagnose_reads_the_kept_output_of_both_launches_for_the_last(noplan: GuardProc) -> None:
+    """The guard's kept output holds both launches (the real KV cache failure, then the healed one): diagnose
+    reads it for the last, serving, and says what the one before ended in."""
+    noplan.wait_healthy(2, timeout=2 * LAUNCH_S)
+    done = subprocess.run([guard_exe(), "diagnose", str(noplan.state_dir / "vllm.log")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, detail = done.stdout.splitlines()[:2]
+    assert first.endswith(": healthy"), done.stdout
+    assert "The last of 2 launches in the log; the one before: kv_cache_insufficient." in detail, done.stdout
 
 
 def test_the_status_shows_the_kv_capacity_vllm_measured(noplan: GuardProc) -> None:

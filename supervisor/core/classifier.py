@@ -25,6 +25,9 @@ Decision rules, in the order they matter on real logs:
   withdrawn if the start-up goes on).
 * A ``raise`` source line of a known failure, shown in a traceback whose exception line was cut off,
   names the failure at a lower priority than the exception line would.
+* A stray line (no record of vLLM's or Python's, in no traceback: a reporter's sentence above a paste)
+  gives way to the log's own record of its priority; of a log of several launches (vLLM's banner once
+  each), the last launch's verdict is the log's.
 """
 
 from __future__ import annotations

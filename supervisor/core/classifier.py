@@ -233,11 +233,14 @@ class Classifier:
 
     def _of_launches(self, last: Diagnosis) -> Diagnosis:
         """The verdict on a log of several launches: the last launch's, or, where it stops before serving with
-        no failure in it (the log ends while it starts), the failure of the one before."""
+        no failure in it (the log ends while it starts) or shows nothing past its banner (an exit status is no
+        failure of its own there: a console's entries of one second, in an order nothing in so few can tell),
+        the failure of the one before."""
         earlier, n = self._earlier, self._launches
         if earlier is None:
             return last
-        if last.kind is Kind.INCOMPLETE and earlier.kind not in NO_FAILURE:
+        shown = self._best is not None or self._serving or self._phase > _PHASE["config"]
+        if earlier.kind not in NO_FAILURE and (last.kind is Kind.INCOMPLETE or not shown):
             return dataclasses.replace(earlier, detail=f"{earlier.detail} (The launch before the last of {n} in the "
                                        f"log; the last stops at '{last.phase}' with no failure in it.)")
         return dataclasses.replace(last, detail=f"{last.detail} (The last of {n} launches in the log; the one "

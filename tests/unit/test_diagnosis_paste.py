@@ -1300,7 +1300,8 @@ def test_a_log_of_several_launches_is_read_for_the_last(k: int) -> None:
     """A journal of the guard's relaunches, a paste of two attempts ("my bad, a typo; the second try"): each
     launch's banner starts what is known over, and the verdict is the last launch's (found: an argparse error
     of the first attempt called the paste's failure, the second attempt's KV cache error not read). A last
-    launch cut before it fails or serves leaves the failure of the one before. Pairs of the catalogue's
+    launch cut before it fails or serves, or after its banner (found: a console's entries of one second, newest
+    first, the banner read after the failure), leaves the failure of the one before. Pairs of the catalogue's
     failures with a banner, and a healthy last launch."""
     # (the first launch's failure from its text: an exit status is the last process's)
     firsts = [c for c in _BANNERED[k::4] if classify(c.lines).kind.value == c.kind]
@@ -1310,5 +1311,6 @@ def test_a_log_of_several_launches_is_read_for_the_last(k: int) -> None:
         healthy = _PLAIN_HEALTHY[i % len(_PLAIN_HEALTHY)]
         got = classify([*first.lines, *healthy.lines])
         assert got.kind.value == "healthy", f"{first.name} then {healthy.name}: {got.kind} from {got.evidence!r}"
-        got = classify([*first.lines, "", last.lines[0]])
-        assert got.kind.value == first.kind, f"{first.name} then a banner: {got.kind} from {got.evidence!r}"
+        for exit_code in (None, 1):     # (a banner alone says nothing of what ended it: an exit status neither)
+            got = classify([*first.lines, "", last.lines[0]], exit_code)
+            assert got.kind.value == first.kind, f"{first.name} then a banner: {got.kind} from {got.evidence!r}"

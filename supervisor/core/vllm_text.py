@@ -958,6 +958,36 @@ def _header_gap(before: str, line: str) -> bool:
     return spaced and not any(m.start() < k < m.end() for m in _HEADER_TIME.finditer(a + b))
 
 
+def _fields_alike(lines: list[str]) -> int:
+    """How far the prefix lines numbered one after another share goes on after their line number, in the last of
+    them: the fields every one shows alike (a right-aligned number's column, a file's name: ``1      1 f.log  ``),
+    to the last space or separator among them and before any line's record begins (none into vLLM's header)."""
+    tails = []
+    for line in lines:
+        m = _LINE_NUMBER.match(line)
+        if m is None:
+            return 0
+        tails.append(line[m.end():])
+    shapes = [[(r"\d+" if t[0].isdigit() else " " if t[0] in " \t" else t) for t in _SHAPE_TOKEN.findall(tail)]
+              for tail in tails]
+    last = _SHAPE_TOKEN.findall(tails[-1])
+    at = cut = 0
+    for k, token in enumerate(shapes[-1]):
+        if any(len(sh) <= k or sh[k] != token for sh in shapes) or at >= _PREFIX_MAX:
+            break
+        if any(starts_own_record(t[_token_at(t, k):]) for t in tails):
+            break                        # (a record begins here on one of them: no field of a prefix)
+        at += len(last[k])
+        if token == " " or token in ":|>]":
+            cut = at
+    return cut
+
+
+def _token_at(text: str, k: int) -> int:
+    """Where ``text``'s ``k``-th shape token begins."""
+    return sum(len(t) for t in _SHAPE_TOKEN.findall(text)[:k])
+
+
 def _column(text: str) -> tuple[int, int]:
     """The spaces and tabs ``text`` begins with, and where the number after them ends (a right-aligned
     column's end, as its number grows)."""
@@ -1347,9 +1377,12 @@ class Normalizer:
             numbers.append(int(m.group(1)))
         if m is None or len(numbers) < run or any(b != a + 1 for a, b in zip(numbers, numbers[1:], strict=False)):
             return False
-        shape = prefix_shape(m.group(0))
+        last = strip_carriers(held[-1]).text
+        shape = prefix_shape(last[:m.end() + _fields_alike([strip_carriers(line).text for line in held[-run:]])])
         self._shapes[shape] += 1
-        self._prefix, self._prefix_widths, self._numbers_only = re.compile(shape), {m.end(): _column(m.group(0))}, True
+        rx = re.compile(shape)
+        end = rx.match(last)
+        self._prefix, self._prefix_widths, self._numbers_only = rx, {end.end() if end else m.end(): _column(last)}, True
         return True
 
     def _end_of_paste(self) -> None:
@@ -1957,7 +1990,7 @@ class Normalizer:
         width whole on a line of its own, so such a line says nothing of the width, nor rules a wrap out."""
         if word:
             return
-        if width > _WRAP_MAX:
+        if width - self._lead_off > _WRAP_MAX:    # (a quote's markers, a block's indentation: none of the wrap's)
             if self._para_from is None:
                 self._para_from = (self._max_width, self._at_max, self._at_max_text, self._max_lead, self._long_seen)
             self._long_seen = True

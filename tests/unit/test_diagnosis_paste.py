@@ -1314,3 +1314,33 @@ def test_a_log_of_several_launches_is_read_for_the_last(k: int) -> None:
         for exit_code in (None, 1):     # (a banner alone says nothing of what ended it: an exit status neither)
             got = classify([*first.lines, "", last.lines[0]], exit_code)
             assert got.kind.value == first.kind, f"{first.name} then a banner: {got.kind} from {got.evidence!r}"
+
+
+#: the failures whose lines show no vLLM header (none behind a carrier's prefix either)
+_HEADERLESS = [c for c in FIXTURE_FAILURES + FAILURES
+               if not c.name.startswith("carriers/") and not any(_vllm_headed(ln) for ln in c.lines)]
+
+
+@pytest.mark.parametrize("shape", ["{i} {i:6d} prod_prod.log  ", "{i}: host-7 | ", "{i:4d}] app.log > "])
+def test_a_prefix_of_fields_after_a_line_number_before_lines_with_no_header_is_learnt_whole(shape: str) -> None:
+    """A line number, then fields of a prefix nobody listed (a right-aligned number, a file's name), before lines
+    that show no vLLM header to find the prefix by (argparse's usage and error, a traceback alone): the line
+    numbers, one after another, are learnt with the fields every numbered line shows alike (found: ``1      1
+    prod_prod.log  usage: ...``, the number alone taken off, the rest's spaces read as a traceback's source
+    line and the error never read). Every failure whose lines have no header."""
+    numbered = Paste(f"numbered {shape!r}", lambda lines: [shape.format(i=i + 1) + m for i, m in enumerate(lines)], 2)
+    for case in _HEADERLESS:
+        _check_failure(case, [numbered])
+
+
+@pytest.mark.parametrize("marker", QUOTES)
+def test_a_quote_of_a_paste_wrapped_at_the_widest_wrap_is_read_as_wrapped(marker: str) -> None:
+    """An editor's wrap at 300 columns (the widest a wrap is taken to be), quoted after: the markers, and an
+    indentation before the wrap, make a line wider than 300 as drawn, but none of them is the wrap's (found: a
+    repr wrapped at 300, indented with a tab and quoted, read as no wrap, the evidence cut at a piece's end).
+    A share of the rows, as their failure's repr and as they print."""
+    for cases in list(_BY_ROW.values())[::6]:
+        case = cases[0]
+        for typed in ([], [_repr(case)]):
+            _check_failure(case, [_word_wrap(300, True, False), _quote(marker), *typed])
+            _check_failure(case, [_word_wrap(300, True, False), _quote(marker), _indent_first("\t"), *typed])

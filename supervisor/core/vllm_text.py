@@ -1012,7 +1012,7 @@ def _hyphen_break(last: str, first: str) -> bool:
     if last[-3:-1].isalpha() and first[:1].isalpha():
         return True
     word = last.rstrip("-")
-    return len(last) - len(word) >= 2 and bool(word) and _EM_DASH_AFTER(word[-1]) and _WORD_CHAR(first[0])
+    return len(last) - len(word) >= 2 and bool(word and _EM_DASH_AFTER(word[-1]) and _WORD_CHAR(first[0]))
 
 
 def _in_word(last: str, first: str, full: bool, width: int, alone: bool = False) -> bool:

@@ -569,8 +569,12 @@ class Classifier:
         elif kind == _CUDA or kind == _FATAL:
             if self._in_capture():
                 kind, phase = Kind.OOM_CUDAGRAPH, "cudagraph"
+            elif kind == _FATAL and self._best is not None and self._best.kind is Kind.ENGINE_DEAD:
+                return       # the interpreter's end after what killed it (an NCCL watchdog's abort, a worker's)
             else:
-                kind = Kind.ENGINE_DEAD if kind == _CUDA else Kind.UNKNOWN_FAILURE
+                # an interpreter killed by a signal: while serving, the engine died; before, a crash no rule names
+                serving = self._serving or self._frame_serving
+                kind = Kind.ENGINE_DEAD if kind == _CUDA or serving else Kind.UNKNOWN_FAILURE
                 self._after_fatal = kind is Kind.UNKNOWN_FAILURE
                 if self._after_fatal:        # a crash dump follows, innermost frame first
                     self._frame_phase, self._frame_strong, self._recent_first = None, False, True

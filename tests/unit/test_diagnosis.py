@@ -1012,3 +1012,32 @@ def test_the_raised_forms_of_those_texts_are_fatal() -> None:
                     "(max_position_embeddings=32768 or model_max_length=None in model's config.json). To allow "
                     "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."], 1)
     assert got.kind is Kind.MAX_LEN_EXCEEDS_MODEL and got.numbers["derived_max_model_len"] == 32768
+
+
+_WATCHDOG = ("[rank3]:[E925 03:02:17.812370013 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation "
+             "timeout: WorkNCCL(SeqNum=216734, OpType=_ALLGATHER_BASE, NumelIn=917504, NumelOut=7340032, "
+             "Timeout(ms)=600000) ran for 600058 milliseconds before timing out.")
+_SERVING = "(APIServer pid=1) INFO:     Application startup complete."
+_LOADING = "(EngineCore_DP0 pid=7) INFO 10-15 12:00:00 [gpu_model_runner.py:1] Starting to load model m..."
+
+
+@pytest.mark.parametrize("crash", ["(EngineCore_DP1 pid=199) Fatal Python error: Segmentation fault",
+                                   "Fatal Python error: Aborted", "!!!!!!! Segfault encountered !!!!!!!",
+                                   "Segmentation fault (core dumped)"])
+@pytest.mark.parametrize(("before", "kind", "phase"), [
+    ([_SERVING], Kind.ENGINE_DEAD, "serving"),                      # the serving engine died of a signal
+    ([_LOADING], Kind.UNKNOWN_FAILURE, "loading"),                  # a start-up's crash no rule names
+    ([_SERVING, _WATCHDOG, "terminate called after throwing an instance of 'c10::DistBackendError'"],
+     Kind.ENGINE_DEAD, "serving"),
+    ([_LOADING, _WATCHDOG, "terminate called after throwing an instance of 'c10::DistBackendError'"],
+     Kind.ENGINE_DEAD, "loading"),                                  # the abort is what the watchdog's timeout ended in
+])
+def test_an_interpreters_crash_is_the_engines_death_while_serving_or_after_what_killed_it(
+        crash: str, before: list[str], kind: Kind, phase: str) -> None:
+    """A fatal signal (faulthandler's, PyTorch's, the shell's note) while serving: the serving engine died (found:
+    a TP engine's NCCL watchdog abort and a DP engine's segfault, both read as a failure no rule names); during
+    start-up, a crash no rule names; after an NCCL watchdog's timeout and the C++ terminate it raised, the abort is
+    that death's end, whatever the phase."""
+    got = classify([*before, crash, "(APIServer pid=1) ERROR 10-17 07:02:41 [core_client.py:564] Engine core proc "
+                    "EngineCore_DP1 died unexpectedly, shutting down client."], None)
+    assert (got.kind, got.phase) == (kind, phase), got

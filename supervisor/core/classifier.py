@@ -545,6 +545,8 @@ class Classifier:
         for key, index in _KEYS:
             if key in text:
                 hit = index
+                # (a record says what it is at its start: a sentence that says it further on is a reporter's)
+                self._stray = self._stray and not text.startswith(key)
                 break
         if hit is None:
             if _EXC.match(text):

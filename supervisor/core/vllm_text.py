@@ -26,6 +26,7 @@ Where each carrier's format comes from: ``docs/failure-catalogue.md``, "How logs
 from __future__ import annotations
 
 import bisect
+import csv
 import enum
 import functools
 import html
@@ -442,6 +443,8 @@ CARRIERS: tuple[Carrier, ...] = (
     # docker's json-file driver, journalctl -o json, Cloud Logging's LogEntry, fluent-bit
     Carrier("json", "JSON log lines", '{"log":"MSG\\n","stream":"stderr","time":"2024-08-19T18:30:11.123456789Z"}'),
     Carrier("priority", "syslog priorities", "<6>MSG"),
+    # a log console's export as CSV (CloudWatch Logs Insights, Grafana, a spreadsheet): quoted fields, one a stamp
+    Carrier("csv", "a log export's CSV rows", '"2024-08-19 18:30:11.123","MSG","ecs/vllm/4a1f0d7e"'),
 )
 #: Any other carrier's: a prefix of one shape on every line, learnt from the log itself (see
 #: :meth:`Normalizer._unprefixed`): ``grep -n``, ``cat -n``, ``srun --label``, ``pdsh``, ``stern``, a job
@@ -666,6 +669,14 @@ def strip_carriers(line: str) -> _Peeled:
             ts, stream = ts or jts, stream or jstream
             found.append("json")
             continue
+        elif c == '"' and '","' in text[:80]:
+            got_csv = _csv_message(text)
+            if got_csv is None:
+                break
+            text, cts = got_csv
+            ts = ts or cts
+            found.append("csv")
+            continue
         elif c == "<":
             m = _PRIORITY.match(text)
             name = "priority"
@@ -715,6 +726,26 @@ def _json_closed(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+_CSV_STAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d| ?UTC)?|\d{10,19}")
+
+
+def _csv_message(text: str) -> tuple[str, str] | None:
+    """(message, time) of a CSV row a log console exported: quoted fields, one of them a time stamp; the message
+    is the first field after it with a space in it (or vLLM's text), else the one right after it (a level's or a
+    stream's name is one word, as is "Killed"); None for other rows (the export's header, a line that only begins
+    with a quote)."""
+    try:
+        fields = next(csv.reader([text]))
+    except (csv.Error, StopIteration):
+        return None
+    at = next((i for i, f in enumerate(fields) if _CSV_STAMP.fullmatch(f.strip())), None)
+    if at is None or len(fields) < 2:
+        return None
+    after = fields[at + 1:] or fields[:at]
+    message = next((f for f in after if " " in f or _vllm_starts(f)), after[0])
+    return message.rstrip("\r\n"), fields[at].strip()
 
 
 def _json_message(text: str) -> tuple[str, str | None, str | None, bool] | None:

@@ -1041,3 +1041,14 @@ def test_an_interpreters_crash_is_the_engines_death_while_serving_or_after_what_
     got = classify([*before, crash, "(APIServer pid=1) ERROR 10-17 07:02:41 [core_client.py:564] Engine core proc "
                     "EngineCore_DP1 died unexpectedly, shutting down client."], None)
     assert (got.kind, got.phase) == (kind, phase), got
+
+
+def test_a_record_behind_a_carriers_prefix_that_says_its_failure_at_its_start_is_no_stray_line() -> None:
+    """Ray's raylet line (its "(raylet)" a carrier's prefix, no process tag of vLLM's) names the death at its
+    start: a record, not a reporter's sentence, so the actor's exception after it, of the same weight, does not
+    take its place (found: the first version of the stray line's rule took the raylet's for prose)."""
+    got = classify(["(raylet) A worker died or was killed while executing a task by an unexpected system error.",
+                    "Traceback (most recent call last):",
+                    'File "/usr/local/lib/python3.10/dist-packages/vllm/executor/ray_gpu_executor.py", line 1, in f',
+                    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."], 1)
+    assert got.kind is Kind.ENGINE_DEAD and got.evidence.startswith("A worker died or was killed"), got

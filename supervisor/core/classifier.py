@@ -333,6 +333,7 @@ class Classifier:
                 self._frame(m, stripped)
                 rest = stripped[m.end():]
                 if len(rest) > 40 and ("Error" in rest or "Exception" in rest):   # a paste that lost its breaks
+                    self._stray = False          # (a frame's line: a traceback's, whatever the line before was)
                     self._check(rest, level, rank)
                     self._open_traceback = ""      # ... and the exception line that ends the traceback
             return

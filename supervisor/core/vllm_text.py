@@ -989,34 +989,22 @@ def _header_gap(before: str, line: str) -> bool:
     return spaced and not any(m.start() < k < m.end() for m in _HEADER_TIME.finditer(a + b))
 
 
-def _fields_alike(lines: list[str]) -> int:
-    """How far the prefix lines numbered one after another share goes on after their line number, in the last of
-    them: the fields every one shows alike (a right-aligned number's column, a file's name: ``1      1 f.log  ``),
-    to the last space or separator among them and before any line's record begins (none into vLLM's header)."""
-    tails = []
-    for line in lines:
-        m = _LINE_NUMBER.match(line)
-        if m is None:
-            return 0
-        tails.append(line[m.end():])
-    shapes = [[(r"\d+" if t[0].isdigit() else " " if t[0] in " \t" else t) for t in _SHAPE_TOKEN.findall(tail)]
-              for tail in tails]
-    last = _SHAPE_TOKEN.findall(tails[-1])
-    at = cut = 0
-    for k, token in enumerate(shapes[-1]):
-        if any(len(sh) <= k or sh[k] != token for sh in shapes) or at >= _PREFIX_MAX:
+def _fields_alike(tails: list[str]) -> int:
+    """How far the prefix lines numbered one after another share goes on after their line number (``tails``: each
+    line's rest), in the last of them: the fields every one shows alike (a right-aligned number's column, a file's
+    name: ``1      1 f.log  ``), to the last space or separator among them and before any line's record begins
+    (none into vLLM's header)."""
+    tokens = [[(m.start(), m.end(), r"\d+" if m[0][0].isdigit() else " " if m[0][0] in " \t" else m[0])
+               for m in _SHAPE_TOKEN.finditer(tail)] for tail in tails]
+    cut = 0
+    for k, (start, end, shape) in enumerate(tokens[-1]):
+        if start >= _PREFIX_MAX or any(len(ts) <= k or ts[k][2] != shape for ts in tokens):
             break
-        if any(starts_own_record(t[_token_at(t, k):]) for t in tails):
+        if any(starts_own_record(tail[ts[k][0]:]) for tail, ts in zip(tails, tokens, strict=True)):
             break                        # (a record begins here on one of them: no field of a prefix)
-        at += len(last[k])
-        if token == " " or token in ":|>]":
-            cut = at
+        if shape == " " or shape in ":|>]":
+            cut = end
     return cut
-
-
-def _token_at(text: str, k: int) -> int:
-    """Where ``text``'s ``k``-th shape token begins."""
-    return sum(len(t) for t in _SHAPE_TOKEN.findall(text)[:k])
 
 
 def _column(text: str) -> tuple[int, int]:
@@ -1286,7 +1274,7 @@ class Normalizer:
         else:
             self._new_block = True        # a blank line: an indented block may start after it
             if self._para_from is not None and not self._para_record:
-                self._narrowed()
+                self._narrowed(self._para_from)
             self._para_from, self._para_record = None, False
         self._plain = (self._long_seen and self._pending is None and not self._held and self._order != "newest"
                        and not self._partial and not self._json_buf and not self._block_lead
@@ -1399,17 +1387,19 @@ class Normalizer:
     def _numbered_run(self, held: list[str], run: int) -> bool:
         """The last ``run`` of the lines held begin with numbers one after another (cat -n, less -N, nl, grep -n
         of a whole file): a viewer's prefix, though no line shows vLLM's header behind it; learnt if so."""
-        numbers = []
+        numbers, tails = [], []
         m = None
+        last = ""
         for line in held[-run:]:
-            m = _LINE_NUMBER.match(strip_carriers(line).text)
+            last = strip_carriers(line).text
+            m = _LINE_NUMBER.match(last)
             if m is None:
                 return False
             numbers.append(int(m.group(1)))
+            tails.append(last[m.end():])
         if m is None or len(numbers) < run or any(b != a + 1 for a, b in zip(numbers, numbers[1:], strict=False)):
             return False
-        last = strip_carriers(held[-1]).text
-        shape = prefix_shape(last[:m.end() + _fields_alike([strip_carriers(line).text for line in held[-run:]])])
+        shape = prefix_shape(last[:m.end() + _fields_alike(tails)])
         self._shapes[shape] += 1
         rx = re.compile(shape)
         end = rx.match(last)
@@ -1438,12 +1428,11 @@ class Normalizer:
         self._flush_pending()
 
     # ------------------------------------------------------------------ stage A: one physical line
-    def _narrowed(self) -> None:
+    def _narrowed(self, before: tuple[int, int, str, int, bool]) -> None:
         """A paragraph (the lines since a blank line) that widened the paste ended, and none of its lines began a
         record: a reporter's prose above, between or below the log's blocks, typed at no wrap's width. The widest
         line is what it was before it, and the breaks are judged again."""
-        self._max_width, self._at_max, self._at_max_text, self._max_lead, self._long_seen = self._para_from or (
-            0, 0, "", 0, False)
+        self._max_width, self._at_max, self._at_max_text, self._max_lead, self._long_seen = before
         self._recount()
 
     def _physical(self, seg: str) -> None:
@@ -1629,10 +1618,12 @@ class Normalizer:
         end, widths = m.end(), self._prefix_widths
         slack = max(1, rx.pattern.count("\\d+"))     # (each of its numbers a digit more or less)
         if rx.pattern[:6] == "[ \\t]*":       # a right-aligned number's column
-            lead_col = _column(seg)
-            fits = end in widths or any(0 < end - w <= slack and (seg[:1] not in " \t" or lead_col[0] == lead
-                                                                  or lead_col[1] == col)
-                                        for w, (lead, col) in widths.items())
+            fits = end in widths
+            if not fits:
+                lead_col = _column(seg)
+                fits = any(0 < end - w <= slack and (seg[:1] not in " \t" or lead_col[0] == lead
+                                                     or lead_col[1] == col)
+                           for w, (lead, col) in widths.items())
         else:
             fits = any(abs(end - w) <= slack for w in widths)
         return seg[end:] if fits or self._replaying else None
@@ -2050,7 +2041,7 @@ class Normalizer:
     def _two_words(self, last: str, first: str) -> bool:
         """The end of ``last`` and the start of ``first`` are two words of vLLM's messages (the rules' own
         phrases) and together none: the space between them was there."""
-        words = self._vocabulary()
+        words = self._recase.words     # (vLLM's messages' words, as printed and in lower case)
         a = _WORD.findall(last)
         b = _WORD.findall(first)
         if not a or not b:
@@ -2059,14 +2050,10 @@ class Normalizer:
         # together, a word only as vLLM prints it ("APIServer": "API server" is two)
         return len(a_) > 1 and len(b_) > 1 and a_ in words and b_ in words and a[-1] + b[0] not in words
 
-    def _vocabulary(self) -> frozenset[str]:
-        """The words of vLLM's messages (the rules' own phrases), as printed and in lower case."""
-        return self._recase.words
-
     def _glued_word(self, last: str, first: str) -> bool:
         """The end of ``last`` and the start of ``first`` together are a word of vLLM's messages, and at
         least one of them alone is none: a word cut in two."""
-        words = self._vocabulary()
+        words = self._recase.words     # (vLLM's messages' words, as printed and in lower case)
         a = _WORD.findall(last)
         b = _WORD.findall(first)
         if not a or not b:

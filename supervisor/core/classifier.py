@@ -275,9 +275,14 @@ class Classifier:
             return Diagnosis(kind, _trim(evidence), _public(numbers), phase, _detail(kind, numbers, phase))
         numbers = _public(self._with_engine(dict(self._numbers)))
         if self._terminated or self._stopping:
-            return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
-                             "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop); "
-                             "nothing failed.")
+            # stopped, not failed: it served (healthy) or its start-up was cut short (incomplete)
+            if self._serving:
+                return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
+                                 "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop) "
+                                 "while serving; nothing failed.")
+            return Diagnosis(Kind.INCOMPLETE, "", numbers, self.phase,
+                             f"vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop) at "
+                             f"'{self.phase}', before serving; nothing failed.")
         unknown = self._last_exc or self._exc_after_wrapper
         if self._open_traceback and not unknown:
             unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"

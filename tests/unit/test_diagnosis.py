@@ -112,11 +112,14 @@ def test_look_alikes_are_not_failures(line: str) -> None:
     assert not got.names_a_failure, got
 
 
-def test_sigterm_during_start_up_is_our_own_kill() -> None:
-    got = classify(["INFO 07-23 10:00:01 [core.py:1] Starting to load model x...", "Traceback (most recent call last):",
-                    '  File "/x/vllm/entrypoints/openai/api_server.py", line 1, in signal_handler', "KeyboardInterrupt: terminated"], 1)
-    assert got.kind is Kind.HEALTHY
-    assert "SIGTERM" in got.detail
+def test_sigterm_during_start_up_is_a_start_up_cut_short() -> None:
+    stop = ["Traceback (most recent call last):",
+            '  File "/x/vllm/entrypoints/openai/api_server.py", line 1, in signal_handler', "KeyboardInterrupt: terminated"]
+    got = classify(["INFO 07-23 10:00:01 [core.py:1] Starting to load model x...", *stop], 1)
+    assert got.kind is Kind.INCOMPLETE and got.phase == "loading"    # stopped, not failed, and never served
+    assert "SIGTERM" in got.detail and "before serving" in got.detail
+    served = classify(["INFO 07-23 10:00:01 [launcher.py:1] Application startup complete.", *stop], 1)
+    assert served.kind is Kind.HEALTHY and "while serving" in served.detail
 
 
 def test_exit_code_decides_when_the_log_says_nothing() -> None:
@@ -353,7 +356,7 @@ def test_wrappers_around_our_own_sigterm_are_not_failures() -> None:
     lines = ["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...",
              "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
              "KeyboardInterrupt: terminated"]
-    assert classify(lines, 1).kind is Kind.HEALTHY
+    assert classify(lines, 1).kind is Kind.INCOMPLETE
     # a real root cause before the kill still stands
     assert classify(["ValueError: No available memory for the cache blocks."] + lines, 1).kind is Kind.NO_KV_CACHE_MEMORY
 

@@ -386,8 +386,8 @@ class Classifier:
         if level == _WARN:
             self._check_warning(text, rank)
             return
-        if text.startswith("    ") and len(text) < 300:
-            return   # traceback source lines never carry a failure of their own
+        if text.startswith("    ") and len(text) < 300 and "OOMKilled" not in text:
+            return   # traceback source lines never carry a failure of their own (a pod's indented state may)
         self._check(text, level, rank)
 
     def _frame(self, m: re.Match[str], stripped: str) -> None:
@@ -537,8 +537,10 @@ class Classifier:
             m = _METHOD.search(text)     # V0/Ray workers name the failing RPC
             if m and m.group(1) in _FRAME_PHASE:
                 self._frame_phase, self._frame_strong, self._frame_at = _FRAME_PHASE[m.group(1)], True, ("", "")
-        if text == "Killed":   # the shell's note that the kernel (often the OOM killer) sent SIGKILL
-            self._offer(_WRAPPER, Kind.ENGINE_DEAD, text, {}, self._place())
+        if text == "Killed" or "OOMKilled" in text and level == _RAW:
+            # the shell's note that the kernel (often the OOM killer) sent SIGKILL; a container runtime's
+            # (`kubectl describe pod`'s `Reason: OOMKilled`, an event's JSON): the cgroup's memory limit
+            self._offer(_WRAPPER, Kind.ENGINE_DEAD, text.strip(), {}, self._place())
             return
         if not self._runtime and any(m in text for m in RUNTIME_MARKERS):
             self._runtime = True

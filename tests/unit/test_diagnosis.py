@@ -346,6 +346,14 @@ def test_torch_warnings_in_glog_format_are_not_failures() -> None:
     assert classify([timeout]).kind is Kind.ENGINE_DEAD
 
 
+@pytest.mark.parametrize("report", ["      Reason:       OOMKilled", '  "reason": "OOMKilled",',
+                                    "Warning  OOMKilling  2m  kubelet  Container vllm was OOMKilled"])
+def test_a_container_runtimes_report_of_its_memory_kill_is_an_engine_death(report: str) -> None:
+    got = classify(["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...", "```",
+                    "$ kubectl describe pod vllm-0", "    Last State:     Terminated", report, "      Exit Code:    137"])
+    assert got.kind is Kind.ENGINE_DEAD and "OOMKilled" in got.evidence and got.phase == "loading"
+
+
 def test_the_shell_saying_killed_is_an_engine_death() -> None:
     got = classify(["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...", "Killed"])
     assert got.kind is Kind.ENGINE_DEAD and got.evidence == "Killed" and got.phase == "loading"

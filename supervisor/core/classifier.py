@@ -88,6 +88,9 @@ _INFO, _WARN, _ERROR, _RAW = Level.INFO, Level.WARN, Level.ERROR, Level.RAW
 _FRAME = re.compile(r'\s*File "([^"]*)", line \d+,? in ([\w<>.]+)')   # faulthandler writes no comma
 _ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["'](\w+)["']""")
 _METHOD = re.compile(r"(?:Error executing method|while processing method) '?(\w+)")
+#: a container runtime's report of a kill at its memory limit (`kubectl describe pod`'s `Reason: OOMKilled`, an
+#: event's JSON, a kubelet event), not `docker inspect`'s `"OOMKilled": false`
+_OOM_KILLED = re.compile(r"OOMKilled\b(?![\"']?\s*[:=]\s*(?:false|False)\b)")
 _RAISED = re.compile(r"(?:Error|Exception|error)[:,] |^\s*raise ")      # ValueError: ..., pydantic's Value error, ...
 
 
@@ -276,13 +279,10 @@ class Classifier:
         numbers = _public(self._with_engine(dict(self._numbers)))
         if self._terminated or self._stopping:
             # stopped, not failed: it served (healthy) or its start-up was cut short (incomplete)
-            if self._serving:
-                return Diagnosis(Kind.HEALTHY, "", numbers, self.phase,
-                                 "vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop) "
-                                 "while serving; nothing failed.")
-            return Diagnosis(Kind.INCOMPLETE, "", numbers, self.phase,
-                             f"vLLM was stopped by a signal (SIGTERM or SIGINT, such as the guard's own stop) at "
-                             f"'{self.phase}', before serving; nothing failed.")
+            kind, when = ((Kind.HEALTHY, "while serving") if self._serving
+                          else (Kind.INCOMPLETE, f"at '{self.phase}', before serving"))
+            return Diagnosis(kind, "", numbers, self.phase, "vLLM was stopped by a signal (SIGTERM or SIGINT, "
+                             f"such as the guard's own stop) {when}; nothing failed.")
         unknown = self._last_exc or self._exc_after_wrapper
         if self._open_traceback and not unknown:
             unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"
@@ -386,7 +386,7 @@ class Classifier:
         if level == _WARN:
             self._check_warning(text, rank)
             return
-        if text.startswith("    ") and len(text) < 300 and "OOMKilled" not in text:
+        if text.startswith("    ") and len(text) < 300 and not _OOM_KILLED.search(text):
             return   # traceback source lines never carry a failure of their own (a pod's indented state may)
         self._check(text, level, rank)
 
@@ -537,9 +537,9 @@ class Classifier:
             m = _METHOD.search(text)     # V0/Ray workers name the failing RPC
             if m and m.group(1) in _FRAME_PHASE:
                 self._frame_phase, self._frame_strong, self._frame_at = _FRAME_PHASE[m.group(1)], True, ("", "")
-        if text == "Killed" or "OOMKilled" in text and level == _RAW:
-            # the shell's note that the kernel (often the OOM killer) sent SIGKILL; a container runtime's
-            # (`kubectl describe pod`'s `Reason: OOMKilled`, an event's JSON): the cgroup's memory limit
+        if text == "Killed" or (level == _RAW and _OOM_KILLED.search(text)):
+            # the shell's note that the kernel (often the OOM killer) sent SIGKILL; a container runtime's, at
+            # the cgroup's memory limit
             self._offer(_WRAPPER, Kind.ENGINE_DEAD, text.strip(), {}, self._place())
             return
         if not self._runtime and any(m in text for m in RUNTIME_MARKERS):

@@ -354,6 +354,13 @@ def test_a_container_runtimes_report_of_its_memory_kill_is_an_engine_death(repor
     assert got.kind is Kind.ENGINE_DEAD and "OOMKilled" in got.evidence and got.phase == "loading"
 
 
+@pytest.mark.parametrize("inspect", ['            "OOMKilled": false,', "OOMKilled=False", "      OOMKilled: false"])
+def test_a_container_runtime_saying_it_did_not_kill_is_no_failure(inspect: str) -> None:
+    got = classify(["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...", "$ docker inspect vllm",
+                    '        "State": {', '            "Status": "exited",', inspect])
+    assert got.kind is Kind.INCOMPLETE, got
+
+
 def test_the_shell_saying_killed_is_an_engine_death() -> None:
     got = classify(["INFO 08-01 12:00:00 [gpu_model_runner.py:1] Starting to load model m...", "Killed"])
     assert got.kind is Kind.ENGINE_DEAD and got.evidence == "Killed" and got.phase == "loading"

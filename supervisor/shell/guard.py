@@ -112,12 +112,10 @@ class Guard:
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
             watchdog.cancel()
-        try:
-            log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
-                     exit_code=self.exit_code)
-        finally:
-            if self.live is not None:     # the exit line above is now the last line, the live line gone
-                self.live.close()
+        if self.live is not None:         # the live line gone first: the exit line is the last one drawn
+            self.live.close()
+        log.info(f"vllm-guard exits with code {self.exit_code}: {self.exit_reason or 'done'}",
+                 exit_code=self.exit_code)
         return self.exit_code
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:

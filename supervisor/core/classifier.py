@@ -482,11 +482,11 @@ class Classifier:
         if old and "vllm_version" in found and not found["vllm_version"].startswith(old):
             del found["vllm_version"]   # the first launch's version stands
         self._numbers.update(found)
-        if found.get("available_kv_gib", 1) <= 0 or found.get("num_gpu_blocks", 1) == 0:
+        if found.get("kv_available_gib", 1) <= 0 or found.get("num_gpu_blocks", 1) == 0:
             # nothing left for the KV cache, as the sizing line says it (vLLM raises "No available memory
             # for the cache blocks" right after; a paste may stop before it). An attention-free model has
             # no blocks and goes on: the verdict is withdrawn when the start-up passes this phase.
-            self._offer(20, Kind.NO_KV_CACHE_MEMORY, text, {k: found[k] for k in ("available_kv_gib", "num_gpu_blocks")
+            self._offer(20, Kind.NO_KV_CACHE_MEMORY, text, {k: found[k] for k in ("kv_available_gib", "num_gpu_blocks")
                                                              if k in found}, "kv_cache", quiet=True)
 
     def _banner(self, text: str) -> None:

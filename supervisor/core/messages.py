@@ -152,7 +152,7 @@ def _info_numbers(text: str) -> dict[str, Any]:
         (_RX_KVTOK, "kv_cache_tokens", lambda m: int(m.group(1).replace(",", ""))),
         (_RX_BLOCKS, "num_gpu_blocks", lambda m: int(m.group(1))),
         (_RX_LOADED, "model_loading_gib", lambda m: float(m.group(1))),
-        (_RX_AVAIL, "available_kv_gib", lambda m: float(m.group(1))),
+        (_RX_AVAIL, "kv_available_gib", lambda m: float(m.group(1))),
         (_RX_SERVED, "served_max_model_len", lambda m: int(m.group(1))),
         (_RX_GRAPHS, "cudagraph_gib", lambda m: float(m.group(1))),
     ):

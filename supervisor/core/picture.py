@@ -83,7 +83,7 @@ def planned(sizing: Sizing | None, flags: Flags, *, total_gib: float | None, fre
 def printed(numbers: Mapping[str, Any], *, total_gib: float | None, utilization: float | None,
             other_gib: float = 0.0) -> dict[str, Any] | None:
     """The split vLLM's own lines state (weights, KV cache, graphs where read); None before it said both."""
-    weights, kv = numbers.get("model_loading_gib"), numbers.get("available_kv_gib")
+    weights, kv = numbers.get("model_loading_gib"), numbers.get("kv_available_gib")
     total = numbers.get("total_gib") or total_gib
     if not isinstance(weights, (int, float)) or not isinstance(kv, (int, float)) or not total:
         return None

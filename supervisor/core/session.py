@@ -401,7 +401,7 @@ class Session:
         loaded = numbers.get("model_loading_gib")
         if self.sizing is None or self.facts.platform == "cpu" or not self.facts.total_gib or loaded is None:
             return None
-        kv_gib = numbers.get("available_kv_gib")
+        kv_gib = numbers.get("kv_available_gib")
         utilization = self.current.get_float(UTILIZATION) or vllm.default_utilization(self.vllm_version)
         overhead = memory.measured_overhead_bytes(
             gpu_total_bytes=int(self.facts.total_gib * GiB), utilization=utilization,

@@ -27,7 +27,7 @@ MAX_BYTES = 4 << 20            # rotated past this (one older generation kept)
 KEEP_IN_MEMORY = 50
 
 #: Numbers vLLM prints about the KV cache it sized, recorded with each launch.
-MEASURED = ("kv_cache_tokens", "available_kv_gib", "num_gpu_blocks", "auto_fit_max_model_len",
+MEASURED = ("kv_cache_tokens", "kv_available_gib", "num_gpu_blocks", "auto_fit_max_model_len",
             "served_max_model_len", "model_loading_gib", "block_size")
 
 

@@ -60,7 +60,7 @@ def test_a_second_start_is_sized_by_what_the_first_printed(tmp_path):
     port = free_port()
     first = serve_once(tmp_path, port, "--max-model-len 8192")
     assert first["time_to_healthy_s"] is not None
-    kv_gib, fits = first["measured"]["available_kv_gib"], first["measured"]["kv_cache_tokens"]
+    kv_gib, fits = first["measured"]["kv_available_gib"], first["measured"]["kv_cache_tokens"]
     learned = json.loads((tmp_path / "state" / "learned.json").read_text())
     (measured,) = [v["meta"]["measured"] for k, v in learned.items() if k.startswith(MEASURED_PREFIX)]
     assert abs(measured["overhead_bytes"] / GiB - (0.9 * 23.55 - LLAMA8B["weights_gib"] - kv_gib)) < 0.01

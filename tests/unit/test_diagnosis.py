@@ -244,7 +244,7 @@ def test_progress_numbers_are_exposed_while_streaming() -> None:
     ]:
         assert c.feed(line) is None
     assert c.numbers == {"vllm_version": "0.32.0", "block_size": 128, "model_loading_gib": 0.94,
-                         "available_kv_gib": 3.5, "kv_cache_tokens": 1117584, "auto_fit_max_model_len": 41840,
+                         "kv_available_gib": 3.5, "kv_cache_tokens": 1117584, "auto_fit_max_model_len": 41840,
                          "served_max_model_len": 41840, "engine": "v1"}   # "Initializing a V1 LLM engine"
     assert c.phase == "kv_cache"
     assert not c.serving
@@ -946,11 +946,11 @@ def test_vllm_0_3_profiling_frames_place_an_oom() -> None:
 @pytest.mark.parametrize("line, number", [
     # V1 gpu_worker.determine_available_memory (0.9.1+): logger.info("Available KV cache memory: %.2f GiB")
     ("(EngineCore_DP0 pid=7) INFO 09-20 10:00:41 [gpu_worker.py:298] Available KV cache memory: -2.77 GiB",
-     ("available_kv_gib", -2.77)),
+     ("kv_available_gib", -2.77)),
     # V0 worker.determine_num_available_blocks (0.6.4-0.7): the profile's summary, one record of several lines
     ("INFO 10-15 12:00:12 worker.py:232] model weights take 14.99GiB; non_torch_memory takes 0.09GiB; PyTorch "
      "activation peak memory takes 7.35GiB; the rest of the memory reserved for KV Cache is -1.05GiB.",
-     ("available_kv_gib", -1.05)),
+     ("kv_available_gib", -1.05)),
     # V0 executor_base.initialize_cache (0.7): logger.info("# %s blocks: %d, # CPU blocks: %d")
     ("INFO 10-15 12:00:13 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
     ("INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),

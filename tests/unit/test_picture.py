@@ -26,19 +26,19 @@ def test_the_plans_picture_of_llama_8b_on_an_l4_adds_up_to_the_card():
 
 
 def test_vllms_picture_is_its_own_two_figures_and_the_rest_of_the_share():
-    pic = printed({"model_loading_gib": 14.96, "available_kv_gib": 3.0}, total_gib=20.0, utilization=0.9)
+    pic = printed({"model_loading_gib": 14.96, "kv_available_gib": 3.0}, total_gib=20.0, utilization=0.9)
     # 20 x 0.9 = 18 GiB share; 18 - 14.96 - 3.0 = 0.04 GiB for activation, non-torch and graphs; 2 GiB unused
     assert [list(s) for s in pic["segments"]] == [["weights", 14.96], ["overhead", 0.04], ["kv_cache", 3.0],
                                                    ["unused", 2.0]]
     assert printed({"model_loading_gib": 14.96}, total_gib=20.0, utilization=0.9) is None   # not said yet
-    assert printed({"model_loading_gib": 1.0, "available_kv_gib": 1.0}, total_gib=None, utilization=0.9) is None
+    assert printed({"model_loading_gib": 1.0, "kv_available_gib": 1.0}, total_gib=None, utilization=0.9) is None
 
 
 def test_the_graphs_vllm_printed_are_their_own_segment_of_its_picture():
     """vLLM 0.6.4+ prints "Graph capturing finished in 12 secs, took 0.56 GiB" (capture_model): the page
     shows it apart from the activation and non-torch memory."""
     # 20 x 0.95 = 19 GiB share; 19 - 14.96 - 3.0 - 0.56 = 0.48 GiB activation and non-torch; 1 GiB unused
-    pic = printed({"model_loading_gib": 14.96, "available_kv_gib": 3.0, "cudagraph_gib": 0.56}, total_gib=20.0,
+    pic = printed({"model_loading_gib": 14.96, "kv_available_gib": 3.0, "cudagraph_gib": 0.56}, total_gib=20.0,
                   utilization=0.95)
     assert [list(s) for s in pic["segments"]] == [["weights", 14.96], ["runtime", 0.48], ["cudagraph", 0.56],
                                                    ["kv_cache", 3.0], ["unused", 1.0]]

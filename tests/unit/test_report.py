@@ -58,7 +58,7 @@ def test_a_failed_launch_is_one_event_everywhere(tmp_path):
 
     def events(r: Report) -> None:
         r.launching(1, ["vllm", "serve", "org/m", "--api-key", "sekrit-key-123"], {})
-        r.ended(failed, {"available_kv_gib": 5.08})
+        r.ended(failed, {"kv_available_gib": 5.08})
 
     logs, bodies, report = told(tmp_path, events)
     started, ended = logs
@@ -68,7 +68,7 @@ def test_a_failed_launch_is_one_event_everywhere(tmp_path):
     assert ended["exit"] == "vLLM exited with code 1"
     (record,) = history.read(str(tmp_path))
     assert record["outcome"] == "failed" and record["evidence"] == KV_LINE
-    assert record["measured"]["available_kv_gib"] == 5.08
+    assert record["measured"]["kv_available_gib"] == 5.08
     assert [b["event"] for b in bodies] == ["launch_failed"] and bodies[0]["kind"] == "kv_cache_insufficient"
     assert 'outcome="failed"' in metric(report, "vllm_guard_launches_total")
 
@@ -169,7 +169,7 @@ def test_status_names_the_phase_the_url_the_last_failure_healed_and_the_memory_v
     session.launching()
     failed = Outcome(FAILED, Diagnosis(Kind.KV_CACHE_INSUFFICIENT, KV_LINE, {"fit_max_model_len": 41568},
                                        phase="kv_cache"), exit_code=1)
-    printed = {"model_loading_gib": 14.96, "available_kv_gib": 5.08}
+    printed = {"model_loading_gib": 14.96, "kv_available_gib": 5.08}
 
     def events(r: Report) -> None:
         r.launching(1, cfg.launch_argv(session.current), {})

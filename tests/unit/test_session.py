@@ -687,7 +687,7 @@ def test_a_healthy_launchs_own_figures_size_the_next_plan_on_this_host() -> None
     first = Session(config("--gpu-memory-utilization 0.9 --max-model-len 16000"), facts, rng=random.Random(0))
     first.first_launch()
     first.launching()
-    measured = first.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    measured = first.healthy({"model_loading_gib": 61.03, "kv_available_gib": 4.45}, 60.0).measured
     assert measured is not None
     assert measured.overhead_bytes / GiB == pytest.approx(0.9 * total - 61.03 - 4.45, abs=0.01)   # 5.78 GiB
 
@@ -709,7 +709,7 @@ def test_a_measured_overhead_holds_only_for_the_flags_that_shaped_it() -> None:
     s = Session(config("--gpu-memory-utilization 0.9 --max-num-seqs 512"), facts, rng=random.Random(0))
     s.first_launch()
     s.launching()
-    measured = s.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    measured = s.healthy({"model_loading_gib": 61.03, "kv_available_gib": 4.45}, 60.0).measured
     assert measured is not None and ("--max-num-seqs", "512") in measured.under
     again = Session(config("--gpu-memory-utilization 0.9"), replace(facts, measured=measured), rng=random.Random(0))
     assert again.sizing is not None
@@ -732,7 +732,7 @@ def test_no_measurement_on_the_cpu_build_or_without_vllms_figures() -> None:
     g = Session(config(), Facts(total_gib=79.18, vllm_version="0.11.0", model=info), rng=random.Random(0))
     g.first_launch()
     g.launching()
-    assert g.healthy({"available_kv_gib": 4.45}, 20.0).measured is None     # no "Model loading took"
+    assert g.healthy({"kv_available_gib": 4.45}, 20.0).measured is None     # no "Model loading took"
 
 
 # -- what each decision says, and what the session keeps (each value written out) -------------------
@@ -1048,7 +1048,7 @@ def test_a_measured_figure_from_a_healthy_launch_is_what_vllm_printed(
     s = Session(config("--max-num-seqs 512 --enforce-eager"), facts, rng=random.Random(0))
     s.first_launch()
     s.launching()
-    m = s.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    m = s.healthy({"model_loading_gib": 61.03, "kv_available_gib": 4.45}, 60.0).measured
     assert m is not None
     assert m.overhead_bytes == math.ceil(total * 0.90) - int(61.03 * GiB) - int(4.45 * GiB)
     assert m.weights_bytes == int(61.03 * GiB)
@@ -1067,7 +1067,7 @@ def test_a_measured_figure_from_a_healthy_launch_is_what_vllm_printed(
     u = Session(config(), facts20, rng=random.Random(0))
     u.first_launch()
     u.launching()
-    mu = u.healthy({"model_loading_gib": 61.03, "available_kv_gib": 4.45}, 60.0).measured
+    mu = u.healthy({"model_loading_gib": 61.03, "kv_available_gib": 4.45}, 60.0).measured
     assert mu is not None and mu.overhead_bytes == math.ceil(total * 0.92) - int(61.03 * GiB) - int(4.45 * GiB)
 
 
@@ -1088,10 +1088,10 @@ def test_a_measured_figure_follows_the_launchs_own_share_parallelism_and_kv_dtyp
 def test_no_measured_figure_without_the_gpus_total_the_weights_or_a_kv_figure() -> None:
     info = load_model_info(str(CALIBRATION / "models" / "Qwen3-32B"))
     base = Facts(total_gib=79.18, vllm_version="0.11.0", model=info)
-    for facts, numbers in [(replace(base, total_gib=None), {"model_loading_gib": 61.03, "available_kv_gib": 4.45}),
-                           (replace(base, model=None), {"model_loading_gib": 61.03, "available_kv_gib": 4.45}),
+    for facts, numbers in [(replace(base, total_gib=None), {"model_loading_gib": 61.03, "kv_available_gib": 4.45}),
+                           (replace(base, model=None), {"model_loading_gib": 61.03, "kv_available_gib": 4.45}),
                            (base, {"model_loading_gib": 61.03}),
-                           (base, {"model_loading_gib": 79.0, "available_kv_gib": 4.45})]:   # more than the share
+                           (base, {"model_loading_gib": 79.0, "kv_available_gib": 4.45})]:   # more than the share
         s = Session(config(), facts, rng=random.Random(0))
         s.first_launch()
         s.launching()
@@ -1297,10 +1297,10 @@ def test_a_measured_overhead_of_zero_is_a_figure_but_a_negative_one_is_not() -> 
     s.first_launch()
     s.launching()
     assert math.ceil(10 * GiB * 0.9) - 5 * GiB - 4 * GiB == 0
-    m = s.healthy({"model_loading_gib": 5.0, "available_kv_gib": 4.0}, 5.0).measured
+    m = s.healthy({"model_loading_gib": 5.0, "kv_available_gib": 4.0}, 5.0).measured
     assert m is not None and m.overhead_bytes == 0
     assert s.sizing is not None and (s.sizing.measured_overhead_bytes, s.sizing.measured_weights_bytes) == (0, 5 * GiB)
-    assert s.healthy({"model_loading_gib": 5.0, "available_kv_gib": 4.01}, 5.0).measured is None
+    assert s.healthy({"model_loading_gib": 5.0, "kv_available_gib": 4.01}, 5.0).measured is None
 
 
 def test_no_measured_figure_on_the_cpu_build_even_with_its_memory_known() -> None:
@@ -1309,7 +1309,7 @@ def test_no_measured_figure_on_the_cpu_build_even_with_its_memory_known() -> Non
                 rng=random.Random(0))
     s.first_launch()
     s.launching()
-    assert s.healthy({"model_loading_gib": 0.05, "available_kv_gib": 4.0}, 5.0).measured is None
+    assert s.healthy({"model_loading_gib": 0.05, "kv_available_gib": 4.0}, 5.0).measured is None
 
 
 def test_a_bad_state_change_names_the_states_and_the_reason() -> None:

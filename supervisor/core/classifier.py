@@ -47,7 +47,6 @@ from supervisor.core.messages import (
     _FRAME_PHASE,
     _INFO_PREFIXES,
     _INFO_RULES,
-    _KEYS,
     _MILESTONE_PREFIXES,
     _MILESTONES,
     _OOM,
@@ -59,10 +58,12 @@ from supervisor.core.messages import (
     _WEAK_FRAMES,
     COLLATERAL_ERRORS,
     ENCLOSING_FRAMES,
+    ENDED_BY_EXECUTOR,
     ENGINE_BANNERS,
     ENGINE_FILES,
     ENGINE_PROCS,
     ENGINE_WORDS,
+    OFFLINE_PROGRESS,
     PLUGIN_FILE,
     RAISED_ONLY,
     REQUEST_ERRORS,
@@ -71,10 +72,14 @@ from supervisor.core.messages import (
     RUNTIME_MARKERS,
     SERVING_FRAMES,
     STOP_PREFIXES,
+    TORCH_CAPTURE_FRAMES,
     VOCABULARY,
     _info_numbers,
+    first_key,
 )
+from supervisor.core.vllm_text import EXCEPTION_FORM as _EXC_FORM
 from supervisor.core.vllm_text import EXCEPTION_LINE as _EXC
+from supervisor.core.vllm_text import NAMED_EXCEPTION_LINE as _NAMED_EXC
 from supervisor.core.vllm_text import Level, Normalizer, Record, starts_own_record
 from supervisor.core.vllm_text import normalize as normalize  # re-exported: the one normalisation, read here too
 
@@ -168,6 +173,8 @@ class Classifier:
         self._last_exc = ""          # the first exception no rule names (evidence for wrappers)
         self._exc_after_wrapper = ""
         self._exc_phase = ""         # where that exception happened (its frames, else the milestone)
+        self._ends_traceback = False  # this line comes right after a traceback's frames
+        self._cut_frame = ""         # its last frame, where a line that is no exception line followed the frames
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
         self._engine: str | None = None       # the engine generation its banner named
         self._engine_seen = {"v0": 0, "v1": 0}   # ... else what its tags, files and words show
@@ -284,8 +291,9 @@ class Classifier:
             return Diagnosis(kind, "", numbers, self.phase, "vLLM was stopped by a signal (SIGTERM or SIGINT, "
                              f"such as the guard's own stop) {when}; nothing failed.")
         unknown = self._last_exc or self._exc_after_wrapper
-        if self._open_traceback and not unknown:
-            unknown = f"a traceback cut off before its exception line (last frame: {self._open_traceback})"
+        if (self._open_traceback or self._cut_frame) and not unknown:
+            unknown = ("a traceback cut off before its exception line (last frame: "
+                       f"{self._open_traceback or self._cut_frame})")
         phase = self._place()
         exited = exit_code not in (None, 0)
         if exited and exits.signal_of(exit_code) is not None:
@@ -347,6 +355,7 @@ class Classifier:
             self._recent_first = self._after_fatal = self._raise_open = self._other_thread = False
             self._request, self._request_next, self._last_file = self._request_next, False, ""
             self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
+            self._cut_frame = ""
             return
         elif stripped.endswith("(most recent call first):"):   # faulthandler's dump of a dying interpreter
             self._frame_phase, self._frame_strong, self._recent_first, self._frame_serving = None, False, True, False
@@ -354,7 +363,12 @@ class Classifier:
             self._from_vllm = True
             return
         self._stray = level == _RAW and not self._tagged and not self._open_traceback
-        if self._open_traceback and not text.startswith(" ") and level == _RAW:
+        # the line after a traceback's frames is its exception line, whatever its class is called
+        self._ends_traceback = self._open_traceback.startswith("File") and not text.startswith(" ")
+        if self._open_traceback and not text.startswith(" ") and (
+                level == _RAW or (self._ends_traceback and _EXC_FORM.match(text))):
+            if self._ends_traceback and not _EXC_FORM.match(text):
+                self._cut_frame = self._open_traceback   # no exception line: a reporter's "(output cut here)"
             self._open_traceback = ""    # the exception line that ends the traceback
         if text.startswith("    "):      # a traceback's source line
             if self._raise_open or stripped.startswith("raise "):
@@ -376,6 +390,8 @@ class Classifier:
             self._request_next = True    # a request's error: the server serves, the traceback is the request's
             if not self._serving:
                 self._serving, self._phase = True, _PHASE["serving"]
+        if level == _RAW and not self._serving and text.startswith(OFFLINE_PROGRESS):
+            self._serving, self._phase = True, _PHASE["serving"]    # an offline run generating
         if level == _INFO:
             if not self._serving and (text.startswith(_SERVING_PREFIXES) or ' HTTP/1.1" ' in text):
                 self._serving = True     # a request served: the start-up line may not have been kept
@@ -405,8 +421,9 @@ class Classifier:
         if ours and name in SERVING_FRAMES and not self._other_thread:
             self._frame_serving = True
         where = _FRAME_PHASE.get(name) if ours else None
-        if where is None and ("torch/cuda/graphs" in m.group(1) or "CUDAGraph::capture" in stripped):
-            where = "cudagraph"      # only real capture enters torch.cuda.graph (Python or C++)
+        if where is None and (("torch/cuda/graphs" in m.group(1) and name in TORCH_CAPTURE_FRAMES)
+                              or "CUDAGraph::capture" in stripped):
+            where = "cudagraph"      # only real capture enters torch.cuda.graph (Python or C++); replay serves
         if where is None:
             if name in REQUEST_FRAMES:
                 self._request = True
@@ -434,10 +451,8 @@ class Classifier:
         self._raise_open = stripped.startswith("raise ") and not stripped.endswith(")")
         if self._request:
             return                       # a request handler raising: that request's error
-        for key, _index in _KEYS:
-            if key in stripped:
-                self._check(stripped, level, rank, cap=_SOURCE)
-                return
+        if first_key(stripped) is not None:
+            self._check(stripped, level, rank, cap=_SOURCE)
 
     def _milestone(self, text: str, level: int = _INFO, rank: int | None = None) -> None:
         if text[:1] in "IGAM#tCLSE":       # the first letters of ENGINE_BANNERS' and ENGINE_WORDS' texts
@@ -549,21 +564,20 @@ class Classifier:
                 if word in text:
                     self._saw(engine)
                     break
+        found = first_key(text)
         hit = None
-        for key, index in _KEYS:
-            if key in text:
-                hit = index
-                # (a record says what it is at its start: a sentence that says it further on is a reporter's)
-                self._stray = self._stray and not text.startswith(key)
-                break
+        if found is not None:
+            key, hit = found
+            # (a record says what it is at its start: a sentence that says it further on is a reporter's)
+            self._stray = self._stray and not text.startswith(key)
         if hit is None:
-            if _EXC.match(text):
+            if _EXC.match(text) or (self._ends_traceback and _NAMED_EXC.match(text)):
                 self._unrecognised(text, level, rank)
             return
         keys, kind, prio, extract = _RULES[hit]
         if level == _RAW and any(k in text for k in RAISED_ONLY) and not _RAISED.search(text):
             return   # also a WARNING's text: without its header only the raised form is the failure
-        prio = min(prio, cap)
+        prio = min(prio, cap, _WRAPPER if ENDED_BY_EXECUTOR.search(text) else prio)
         if (self._terminated or self._stopping) and prio < 30:
             return   # the wrappers our own SIGTERM provokes are not failures
         numbers = extract(text) if extract else {}

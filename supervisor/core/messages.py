@@ -93,8 +93,8 @@ _RX_AUTOFIT = re.compile(r"Auto-fit max_model_len: (?:reduced from (\d+) to (\d+
 _RX_KVTOK = re.compile(r"KV cache size: ([\d,]+) tokens")
 _RX_BLOCKS = re.compile(r"# (?:GPU|cuda|npu|xpu|hpu) blocks: (\d+)")
 _RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + r" ?(GiB|GB)")
-_RX_AVAIL = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is) "
-                       + _F + r" ?GiB")
+_RX_AVAIL = re.compile(r"(?:Available KV cache memory: |the rest of the memory reserved for KV Cache is "
+                       r"|Memory profiling results: .*?\bkv_cache_size=)" + _F + r" ?GiB")   # (V0 0.6.4-0.7)
 _RX_SERVED = re.compile(r"Using max model len (\d+)")
 # the memory CUDA graphs took, as vLLM measured it: capture_model's "Graph capturing finished in 12 secs,
 # took 0.56 GiB" (0.6.4+), then _compile_or_warm_up_model's "CUDA graph pool memory: 0.56 GiB (actual),
@@ -233,7 +233,14 @@ def _len_numbers(text: str) -> dict[str, Any]:
     return out
 
 
+# one of vLLM's environment variables named with its bad value (envs.py's get_vllm_port)
+_RX_ENV_VALUE = re.compile(r"\b(VLLM_[A-Z0-9_]+) '[^']*' (?:appears to be a URI|must be a valid integer)", re.I)
+
+
 def _config_numbers(text: str) -> dict[str, Any]:
+    m = _RX_ENV_VALUE.search(text)
+    if m:
+        return {"env_var": m.group(1).upper()}    # (a paste retyped in lower case: the variable's name)
     m = _RX_BATCHED.search(text)
     if m:
         return {"max_num_batched_tokens": int(m.group(1)), "max_model_len": int(m.group(2))}
@@ -299,6 +306,10 @@ REQUEST_FRAMES = frozenset({
     "completion_full_generator", "_preprocess_chat", "_preprocess_completion", "_validate_input",
     "_tokenize_prompt_input_async", "_normalize_prompt_text_to_input", "render_chat_request"})
 
+#: A worker's death the executor caused: ended by SIGTERM (V0's monitor: "Worker ... died, exit code: -15") after
+#: a failure of its own, to clean up. Only a wrapper of that failure; a worker killed otherwise (-9) is a cause.
+ENDED_BY_EXECUTOR = re.compile(r"died, exit code:? -15\b")
+
 #: Exceptions a process raises because its peer died (a closed pipe or socket, a cancelled task):
 #: the echo of a failure, never its cause.
 COLLATERAL_ERRORS = ("BrokenPipeError", "ConnectionResetError", "ConnectionRefusedError", "EOFError",
@@ -340,6 +351,7 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Unrecognized model in", "does not recognize this architecture", "Cannot find the config file for",
       "is not supported for quantization method", "does not match the quantization method",
       "Cannot re-initialize CUDA in forked subprocess", "no kernel image is available",
+      "hipErrorNoBinaryForGpu", "Unable to find code object for all current devices",
       "NVIDIA driver on your system is too old", "Torch not compiled with CUDA enabled",
       "Ray does not allocate any GPUs", "is not supported by PagedAttention", "only supports Ampere GPUs or newer",
       "must be divisible by pipeline parallel size",
@@ -375,7 +387,12 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "requires you to execute the configuration file", "contains custom code which must be executed",
       "We couldn't connect to 'https://huggingface.co'", "Input should be less than or equal to",
       # a value vLLM parses at start-up (often one of its VLLM_* environment variables) is not a number
-      "invalid literal for int() with base 10", "could not convert string to float"),
+      "invalid literal for int() with base 10", "could not convert string to float",
+      # Ray cannot install a job's runtime environment on a node, or place a worker at all
+      "RuntimeEnvSetupError", "Failed to set up runtime environment", "The actor is not schedulable",
+      # VLLM_PORT not a port (a Kubernetes service named vllm sets it to tcp://ip:port); a data-parallel
+      # rank's devices beyond those the device variable lists
+      "appears to be a URI", "' must be a valid integer", "local range: ["),
      Kind.CONFIG_ERROR, 30, _config_numbers),
     (("BackendCompilerFailed", "InductorError", "torch._dynamo.exc", "torch._inductor.exc",
       "stream is capturing", "cudaErrorStreamCaptureUnsupported", "CUDA graph capture failed",
@@ -389,7 +406,9 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
     (("Fatal Python error", "Segmentation fault", "core dumped", "Segfault encountered"), _FATAL, 30, None),
     (("NCCL error", "DistBackendError", "ncclUnhandledCudaError", "ncclInternalError", "ncclSystemError",
       "RayActorError", "ActorDiedError", "The actor died unexpectedly", "A worker died or was killed",
-      "RaySystemError", "RayTaskError", "collective operation timeout", "DistStoreError",
+      "RaySystemError", "ActorUnavailableError", "The task may or maynot have been executed on the actor",
+      "WorkerCrashedError", "The worker died unexpectedly while executing this task", "LocalRayletDiedError",
+      "local raylet died", "collective operation timeout", "DistStoreError",
       "terminate called after throwing",
       "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out",
       # the engine or a worker is gone, and nothing else says why
@@ -411,10 +430,43 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "WorkerProc failed", "WorkerProc hit an exception", "Executor failed", "died.')",
       "Worker failed with error", "Task finished unexpectedly", "output_handler failed", "output handler hit an error",
       "Engine background task failed", "engine core exited unexpectedly", "while processing method",
-      "This might cause deadlock in distributed execution", "JIT kernel warmup failed after"),
+      "This might cause deadlock in distributed execution", "JIT kernel warmup failed after",
+      # a Ray worker's exception re-raised in the driver: the worker's own exception follows it
+      "RayTaskError"),
      Kind.ENGINE_DEAD, 10, None),
 )
 _KEYS = tuple((key, i) for i, rule in enumerate(_RULES) for key in rule[0])
+_WORD = re.compile(r"\w+")
+
+
+def _key_index(keys: tuple[tuple[str, int], ...]) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
+    """The keys by a word inside each (not at its ends, which may be part of a longer word in a line): a line
+    can hold a key only if it holds that word whole. Keys with no such word are always tried."""
+    by_word: dict[str, list[int]] = {}
+    always: list[int] = []
+    for at, (key, _index) in enumerate(keys):
+        inner = [m.group() for m in _WORD.finditer(key) if m.start() > 0 and m.end() < len(key)]
+        if inner:
+            by_word.setdefault(max(inner, key=len), []).append(at)
+        else:
+            always.append(at)
+    return {w: tuple(v) for w, v in by_word.items()}, tuple(always)
+
+
+_KEYS_BY_WORD, _KEYS_ALWAYS = _key_index(_KEYS)
+
+
+def first_key(text: str) -> tuple[str, int] | None:
+    """The first of the rules' keys (in their order) that ``text`` holds, and its rule's index: the same as
+    trying every key in turn, read through the words of the line (a log's lines hold a key rarely)."""
+    tried = list(_KEYS_ALWAYS)
+    for word in set(_WORD.findall(text)):
+        tried.extend(_KEYS_BY_WORD.get(word, ()))
+    for at in sorted(tried):
+        key, index = _KEYS[at]
+        if key in text:
+            return key, index
+    return None
 
 # Fatal although logged at WARNING or INFO. A placement-group shortage is only warned about from 0.6.5
 # (before, vLLM raised); vLLM then waits up to 30 minutes for Ray. Such a verdict is provisional
@@ -485,6 +537,9 @@ _MILESTONE_PREFIXES = (tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", 
 #: Lines only a serving vLLM prints (its stats, a request's record): serving, even when the log's
 #: "Application startup complete." was not kept.
 _SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request", "Added request", "Finished request")
+#: The progress bars of an offline run (`LLM.generate`/`chat`/`encode`, tqdm, no log prefix): the engine is up and
+#: generating, the offline run's serving.
+OFFLINE_PROGRESS = ("Processed prompts:", "Adding requests:")
 
 # Traceback frame names -> the start-up phase the failure happened in (tests/fixtures/catalogue/frames.tsv:
 # every function vLLM 0.5-0.33 defines for a phase). The deepest known frame wins, except the *weak*
@@ -549,6 +604,9 @@ SERVING_FRAMES = frozenset({
     "_run_output_handler", "process_outputs_socket", "get_output_async", "generate",
     "_compute_prefill_context", "run_prefill_context_chunk", "_context_parallel_compute_prefill_context",
 }) | REQUEST_FRAMES
+#: torch.cuda.graphs' functions that capture (the graph context, CUDAGraph.capture_begin/_end,
+#: make_graphed_callables); its CUDAGraph.replay runs a captured graph: serving, or a warm-up's run.
+TORCH_CAPTURE_FRAMES = frozenset({"capture_begin", "capture_end", "__enter__", "__exit__", "make_graphed_callables"})
 #: What shows the engine generation in a log whose version is unknown (a wrapper, a stand-in, a build
 #: that hides it), read in vLLM's source: its own banner, the process tags of its processes, its files,
 #: the words only one generation prints (V0's block count and memory profile summary, V1's KV cache
@@ -596,6 +654,7 @@ VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
     [k for rule in _RULES for k in rule[0]] + [k for rule in _WARN_RULES for k in rule[0]]
     + [k for rule in _INFO_RULES for k in rule[0]] + [p for p, _ in _MILESTONES] + list(STOP_PREFIXES)
     + list(RUNTIME_MARKERS) + list(REQUEST_ERRORS) + list(COLLATERAL_ERRORS) + list(_SERVING_PREFIXES)
+    + list(OFFLINE_PROGRESS)
     + [  # the phrases the number extractors and the traceback reader look for
         "Traceback (most recent call last)", "During handling of the above exception", "The above exception",
         "(most recent call first)", "Current thread", "Thread 0x", "Fatal Python error", "KeyboardInterrupt",

@@ -239,10 +239,20 @@ _SPLIT = re.compile(
 )
 _EOL = re.compile(r"[\r\n]+")
 _FAST_FIRST = frozenset("DIWEC(")
-#: An exception line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``, a bare ``KeyboardInterrupt``).
-EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)(?::|$)")
+#: An exception line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``, a bare ``KeyboardInterrupt``, Ray's
+#: ``ray.exceptions.RayTaskError(RuntimeError): ...``: a worker's exception class in parentheses).
+EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Failed|Interrupt)"
+                            r"(?:\([\w.]+\))?(?::|$)")
+#: ... of any class name, where its place says it is one (the line right after a traceback's frames): a
+#: module-qualified or CamelCase name (triton's ``OutOfResources``, ``SystemExit``, ``StopIteration``)
+NAMED_EXCEPTION_LINE = re.compile(r"(?:(?:[a-z_]\w*\.)+[A-Z]\w*|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)"
+                                  r"(?:\([\w.]+\))?(?::\s|$)")
+#: ... of any form at all (a name, a class in parentheses, then ":" or nothing): a line after a traceback's frames
+#: without it is no exception line (a reporter's "...(output cut here)"): the traceback was cut
+EXCEPTION_FORM = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?(?::|$)")
 # an exception line as it starts a record, in any case (a class name: a letter first, then more)
-_EXC_ANY_CASE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z][A-Za-z0-9]+(?:Error|Exception|Failure|Interrupt)(?::|$)", re.I)
+_EXC_ANY_CASE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z][A-Za-z0-9]+(?:Error|Exception|Failure|Interrupt)"
+                           r"(?:\([\w.]+\))?(?::|$)", re.I)
 _FRAME_END = re.compile(r'File "[^"]*", line \d+,? in [\w<>.]+[ \t]*$', re.I)   # (a copy padded)
 
 

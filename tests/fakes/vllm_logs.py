@@ -48,6 +48,8 @@ OOM_KIND = {"config": "oom_weights", "engine_init": "oom_weights", "loading": "o
             "warmup": "oom_profile", "api_starting": "oom_runtime", "serving": "oom_runtime"}
 #: the phases an error printed anywhere ("any") is tried in
 ANY = ["loading", "loading_repack", "profiling", "profiling_mm", "kv_cache_alloc", "cudagraph", "warmup", "serving"]
+#: the packages beside vLLM whose texts are rows (their source is no vLLM file)
+OTHER_PACKAGES = ("torch", "huggingface", "transformers", "uvicorn", "pydantic", "argparse", "socket", "ray")
 #: versions tried for a third-party text that every version can print
 REPRESENTATIVE = ["0.5.0", "0.5.5", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.10.2", "0.14.1", "0.20.2", "0.33.0"]
 #: wrappers whose own text quotes their root cause (so a root cause printed before them is not the only one)
@@ -350,8 +352,7 @@ def envelope_raise(r: dict | None, v: str, chain: str, proc: str, final: list[st
                    site: tuple[str, str] | None = None) -> tuple[list[str], int]:
     """A raise at version ``v`` in ``chain``, wrapped the way that version's processes do."""
     final = final if final is not None else final_lines(r, v)
-    if site is None and r is not None and not r["source"].startswith(("torch", "huggingface", "transformers",
-                                                                        "uvicorn", "pydantic", "argparse", "socket")):
+    if site is None and r is not None and not r["source"].startswith(OTHER_PACKAGES):
         site = source_of(r)
     ph = PHASE_OF.get(chain, chain)
     tb = traceback(v, chain, site) + final
@@ -463,8 +464,7 @@ def versions_of(r: dict) -> list[str]:
     first, last = r["first_version"], r["last_version"]
     if first.startswith("pre-"):
         return ["0.5.0"]
-    if first == "0.5.0" and last == "0.33.0" and r["source"].startswith(("torch", "huggingface", "transformers",
-                                                                        "uvicorn", "pydantic", "argparse", "socket")):
+    if first == "0.5.0" and last == "0.33.0" and r["source"].startswith(OTHER_PACKAGES):
         return REPRESENTATIVE
     return sorted({first, last}, key=vkey)
 

@@ -815,6 +815,49 @@ def test_a_cuda_error_in_capture_frames_is_the_capture() -> None:
     assert classify(lines, 1).kind is Kind.OOM_CUDAGRAPH
 
 
+def test_a_captured_graphs_replay_is_no_capture() -> None:
+    """torch.cuda.graphs' replay runs a graph captured long before: an illegal memory access there, the engine's
+    death while it serves (a paste cut at its top: nothing else says it served), never the capture."""
+    lines = [_frame("__call__", f"{_S}/compilation/cuda_graph.py"), "    entry.cudagraph.replay()",
+             _frame("replay", "/x/torch/cuda/graphs.py"), "    super().replay()",
+             "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert classify(lines, 1).kind is Kind.ENGINE_DEAD
+
+
+@pytest.mark.parametrize("code, kind", [(-15, Kind.UNKNOWN_FAILURE), (-9, Kind.ENGINE_DEAD)])
+def test_a_worker_the_executor_ended_is_no_cause_of_its_own(code: int, kind: Kind) -> None:
+    """V0's monitor logs each worker's exit: -15 is the executor's SIGTERM after its own failure (the traceback
+    above decides); -9 is a worker killed from outside (the kernel's OOM killer): a death of its own."""
+    w = "(VllmWorkerProcess pid=19160) ERROR 10-30 11:05:22 multiproc_worker_utils.py:233] "
+    exc = "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge"
+    lines = ["INFO 10-30 11:05:21 model_runner.py:1056] Starting to load model /m...",
+             w + "Exception in worker VllmWorkerProcess while processing method load_model.",
+             w + "Traceback (most recent call last):",
+             w + f'  File "{_S}/model_executor/model_loader/weight_utils.py", line 420, in safetensors_weights_iterator',
+             w + '    with safe_open(st_file, framework="pt") as f:', w + exc,
+             f"ERROR 10-30 11:05:24 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 19160 died, exit code: {code}",
+             "INFO 10-30 11:05:24 multiproc_worker_utils.py:124] Killing local vLLM worker processes"]
+    got = classify(lines, 1)
+    assert got.kind is kind, got
+    if kind is Kind.UNKNOWN_FAILURE:
+        assert got.evidence == exc and got.phase == "loading"
+
+
+@pytest.mark.parametrize("end", [[], ["...(output cut here)"], ["", "[the rest was too long to paste]"]])
+def test_a_traceback_cut_before_its_exception_line_is_an_unknown_failure_however_the_paste_ends(end: list[str]) -> None:
+    """A traceback whose frames end the paste, or are followed by a line that has no exception line's form (the
+    reporter's note that the rest was cut): the cause is not in the paste, but something failed."""
+    lines = ["INFO 08-05 12:11:01 [gpu_model_runner.py:1] Model loading took 7.1 GiB and 9 s",
+             "Traceback (most recent call last):",
+             f'  File "{_S}/v1/engine/core.py", line 674, in run_engine_core',
+             "    engine_core = EngineCoreProc(*args, **kwargs)",
+             '  File "/usr/lib/python3/dist-packages/torch/_inductor/async_compile.py", line 346, in triton',
+             "    kernel.precompile(", *end]
+    got = classify(lines, 1)
+    assert got.kind is Kind.UNKNOWN_FAILURE and "cut off before its exception line" in got.evidence, got
+    assert "async_compile.py" in got.evidence
+
+
 # --------------------------------------------------------------------------- short pastes
 @pytest.mark.parametrize("lines, kind", [
     (_tb("determine_num_available_blocks", "raise_if_cache_size_invalid", path=f"{_S}/worker/worker.py")
@@ -920,6 +963,29 @@ def test_a_requests_error_while_serving_stays_non_fatal() -> None:
     assert not classify(other).names_a_failure
 
 
+# an offline `LLM(...)` script: the engine's start-up, then LLM.generate's tqdm bars (no log prefix)
+_OFFLINE = ["INFO 08-20 10:00:13 [core.py:73] Initializing a V1 LLM engine (v0.10.1) with config: model='m'",
+            "INFO 08-20 10:00:15 [gpu_model_runner.py:1913] Starting to load model m...",
+            "INFO 08-20 10:00:20 [gpu_model_runner.py:1945] Model loading took 2.8876 GiB and 4.1 seconds",
+            "INFO 08-20 10:00:30 [gpu_worker.py:276] Available KV cache memory: 16.31 GiB",
+            "INFO 08-20 10:00:40 [core.py:193] init engine (profile, create kv cache, warmup model) took 20.31 seconds",
+            "Adding requests: 100%|\u2588\u2588\u2588\u2588\u2588| 4/4 [00:00<00:00, 812.41it/s]"]
+
+
+@pytest.mark.parametrize("bar", [
+    "Processed prompts: 100%|\u2588\u2588\u2588\u2588\u2588| 4/4 [00:00<00:00,  9.11it/s, est. speed input: 59.23 "
+    "toks/s, output: 145.79 toks/s]", "Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s]"])
+def test_an_offline_run_that_generates_has_served(bar: str) -> None:
+    got = classify([*_OFFLINE, bar, "Prompt: 'Hello, my name is', Generated text: ' Joel'"], 0)
+    assert (got.kind, got.phase) == (Kind.HEALTHY, "serving")
+    # an out-of-memory error while it generates is the run's, not its start-up's
+    oom = classify([*_OFFLINE, bar, "Traceback (most recent call last):", '  File "run.py", line 9, in <module>',
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total "
+                    "capacity of 22.05 GiB of which 3.06 MiB is free."], 1)
+    assert (oom.kind, oom.phase) == (Kind.OOM_RUNTIME, "serving")
+    assert classify(_OFFLINE[:-1], 0).kind is Kind.INCOMPLETE    # started, generated nothing
+
+
 @pytest.mark.parametrize("line, kind", [
     ("RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB", Kind.OOM_WEIGHTS),           # ROCm
     ("RuntimeError: hipErrorOutOfMemory", Kind.OOM_WEIGHTS),
@@ -927,6 +993,9 @@ def test_a_requests_error_while_serving_stays_non_fatal() -> None:
      Kind.OOM_WEIGHTS),                                                                           # Gaudi
     ("RuntimeError: UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", Kind.OOM_WEIGHTS),                      # XPU
     ("ImportError: DLL load failed while importing _C: The specified module could not be found.", Kind.CONFIG_ERROR),
+    # a build without this GPU's kernels (ROCm's HIP runtime, CUDA's): an installation to fix, not a crash
+    ('"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"', Kind.CONFIG_ERROR),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", Kind.CONFIG_ERROR),
 ])
 def test_other_accelerators_and_platforms(line: str, kind: Kind) -> None:
     assert classify([line], 1).kind is kind
@@ -951,6 +1020,10 @@ def test_vllm_0_3_profiling_frames_place_an_oom() -> None:
     ("INFO 10-15 12:00:12 worker.py:232] model weights take 14.99GiB; non_torch_memory takes 0.09GiB; PyTorch "
      "activation peak memory takes 7.35GiB; the rest of the memory reserved for KV Cache is -1.05GiB.",
      ("kv_available_gib", -1.05)),
+    # V0 worker.determine_num_available_blocks (0.6.4-0.7), its one-line summary: kv_cache_size={:.2f}GiB
+    ("INFO 10-15 08:21:18 worker.py:262] Memory profiling results: total_gpu_memory=23.64GiB "
+     "initial_memory_usage=23.06GiB peak_torch_memory=24.44GiB memory_usage_post_profile=23.18GiB "
+     "non_torch_memory=0.37GiB kv_cache_size=-3.53GiB gpu_memory_utilization=0.90", ("kv_available_gib", -3.53)),
     # V0 executor_base.initialize_cache (0.7): logger.info("# %s blocks: %d, # CPU blocks: %d")
     ("INFO 10-15 12:00:13 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
     ("INFO 10-15 12:00:13 gpu_executor.py:76] # GPU blocks: 0, # CPU blocks: 2048", ("num_gpu_blocks", 0)),
@@ -997,6 +1070,34 @@ def test_an_exception_raised_in_a_vllm_plugins_own_code_is_an_installation_error
     own = lines[:3] + [f'  File "{p}/vllm/model_executor/models/llama.py", line 480, in load_weights',
                        "KeyError: 'model.layers.0.mlp.gate_proj.weight'", lines[-1]]
     assert classify(own, 1).kind is Kind.UNKNOWN_FAILURE
+
+
+# --------------------------------------------------------------------------- an exception line known by its place
+@pytest.mark.parametrize("exc", [
+    "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 98304, Hardware limit: 65536. "
+    "Reducing block sizes or `num_stages` may help.",
+    "OutOfResources: out of resource: shared memory, Required: 98304, Hardware limit: 65536.",
+    "StopIteration",
+])
+def test_the_line_after_a_tracebacks_frames_is_its_exception_whatever_its_class_is_called(exc: str) -> None:
+    """Not every exception class ends in Error: the line right after the frames is the exception line, and
+    the root cause above the wrapper that follows it."""
+    tag = "(EngineCore_DP0 pid=311) ERROR 11-02 09:12:52 [core.py:708] "
+    lines = ["(EngineCore_DP0 pid=311) INFO 11-02 09:12:01 [gpu_model_runner.py:2602] Starting to load model m...",
+             tag + "EngineCore failed to start.",
+             tag + "Traceback (most recent call last):",
+             tag + f'  File "{_S}/v1/engine/core.py", line 699, in run_engine_core',
+             tag + "    engine_core = EngineCoreProc(*args, **kwargs)",
+             tag + '  File "/usr/local/lib/python3.12/dist-packages/triton/compiler/compiler.py", line 423, in '
+                   "_init_handles",
+             tag + "    raise OutOfResources(self.metadata.shared, max_shared, \"shared memory\")",
+             tag + exc,
+             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    got = classify(lines, 1)
+    assert got.kind is Kind.UNKNOWN_FAILURE and got.evidence == exc, got
+    # the same text where no traceback ends is no exception line: the wrapper alone says the engine died
+    alone = lines[:2] + [tag + exc, lines[-1]]
+    assert classify(alone, 1).kind is Kind.ENGINE_DEAD
 
 
 # --------------------------------------------------------------------------- a request's error stays the request's

@@ -365,11 +365,12 @@ class Classifier:
         self._stray = level == _RAW and not self._tagged and not self._open_traceback
         # the line after a traceback's frames is its exception line, whatever its class is called
         self._ends_traceback = self._open_traceback.startswith("File") and not text.startswith(" ")
-        if self._open_traceback and not text.startswith(" ") and (
-                level == _RAW or (self._ends_traceback and _EXC_FORM.match(text))):
-            if self._ends_traceback and not _EXC_FORM.match(text):
-                self._cut_frame = self._open_traceback   # no exception line: a reporter's "(output cut here)"
-            self._open_traceback = ""    # the exception line that ends the traceback
+        if self._open_traceback and not text.startswith(" "):
+            formed = self._ends_traceback and _EXC_FORM.match(text) is not None
+            if level == _RAW or formed:
+                if self._ends_traceback and not formed:
+                    self._cut_frame = self._open_traceback   # no exception line: a reporter's "(output cut here)"
+                self._open_traceback = ""    # the exception line that ends the traceback
         if text.startswith("    "):      # a traceback's source line
             if self._raise_open or stripped.startswith("raise "):
                 self._raise_line(stripped, level, rank)
@@ -577,7 +578,9 @@ class Classifier:
         keys, kind, prio, extract = _RULES[hit]
         if level == _RAW and any(k in text for k in RAISED_ONLY) and not _RAISED.search(text):
             return   # also a WARNING's text: without its header only the raised form is the failure
-        prio = min(prio, cap, _WRAPPER if ENDED_BY_EXECUTOR.search(text) else prio)
+        prio = min(prio, cap)
+        if ENDED_BY_EXECUTOR.search(text):
+            prio = min(prio, _WRAPPER)   # the executor's own cleanup after its failure: that failure decides
         if (self._terminated or self._stopping) and prio < 30:
             return   # the wrappers our own SIGTERM provokes are not failures
         numbers = extract(text) if extract else {}

@@ -101,15 +101,18 @@ class Report:
         self.webhook.event("relaunch", f"relaunch {n} ({step.reason}): " + (
             "; ".join(_change(c.flag, c.old, c.new) for c in step.changes) or "the same flags"),
             kind=step.reason, launch=n, changes=changes, delay_s=round(step.delay, 1))
+        wait = f" after a {step.delay:.1f} s backoff" if step.delay else ""
         if step.reason in ("request", "reset", "learned_failed"):
             (log.warning if step.reason == "learned_failed" else log.info)(step.why, launch=n, kind=step.reason)
         elif not step.changes:
-            log.warning(f"relaunch {n} with the same flags: {step.why}", launch=n, kind=step.reason)
+            log.warning(f"relaunch {n} with the same flags{wait}: {step.why}", launch=n, kind=step.reason,
+                        backoff_s=round(step.delay, 1))
         else:
             parts = [_change(c.flag, c.old, c.new) for c in step.changes]
             text = f"{parts[0]} because {step.why}" if len(parts) == 1 else "; ".join(
                 f"{p} ({c.why})" for p, c in zip(parts, step.changes, strict=True))
-            log.warning(f"relaunch {n}: {text}", launch=n, kind=step.reason, changed=[c.flag for c in step.changes])
+            log.warning(f"relaunch {n}{wait}: {text}", launch=n, kind=step.reason,
+                        changed=[c.flag for c in step.changes], backoff_s=round(step.delay, 1))
 
     def healthy(self, s: Session, seconds: float, numbers: dict[str, Any]) -> None:
         """The current launch answered a chat completion ``seconds`` after it started."""

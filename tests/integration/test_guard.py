@@ -7,6 +7,7 @@ outside: its /status endpoint, its exit code, its output, and the processes left
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -327,10 +328,13 @@ def test_crash_loop_backs_off_and_ends_failed(run):
     g = run({"version": "0.32.0", "model": LLAMA8B, "engine_death_after": 0.2},
             vllm_args=["--max-model-len", "8192"],
             env={"VLLM_GUARD_BACKOFF_CRASH_LOOP_LIMIT": "2"})
-    s = g.wait_for(lambda s: s["state"] == "backoff", 60, "a backoff")
-    assert s["crash_loop"]["backoff_until"] is not None
     assert g.wait_exit() == 75
     out = g.output()
+    # the first death after serving relaunches at once; the second, soon after serving again, waits first
+    # and says for how long (read from what the guard said, not by catching the passing backoff state,
+    # which a loaded machine can poll past)
+    assert re.search(r"relaunch 2 with the same flags: ", out), out[-3000:]
+    assert re.search(r"relaunch 3 with the same flags after a [0-9]+\.[0-9] s backoff: ", out), out[-3000:]
     assert "died 3 times in a row soon after becoming healthy" in out
 
 
@@ -562,11 +566,10 @@ def test_an_unknown_traceback_at_start_up_relaunches_the_same_flags_with_backoff
              "heal_when": {"flag": "--never-given"}},
             vllm_args=["--max-model-len", "4096"], guard_args=["--max-launches", "3"],
             env={"VLLM_GUARD_BACKOFF_INITIAL": "1.0", "VLLM_GUARD_BACKOFF_JITTER": "0"})
-    s = g.wait_for(lambda s: s["state"] == "backoff", 40, "a backoff after the unknown failure")
-    assert s["launches"][0]["kind"] == "unknown_failure"
     assert g.wait_exit() == 75
     out = g.output()
-    assert "relaunch 2 with the same flags" in out and "relaunch 3 with the same flags" in out
+    assert "relaunch 2 with the same flags after a 1.0 s backoff" in out, out[-3000:]
+    assert "relaunch 3 with the same flags after a 2.0 s backoff" in out, out[-3000:]
     assert out.count("launch 3:") == 1 and "launch 4:" not in out
     assert "3 launches in a row failed" in out and "unknown_failure" in out
     launches = _history(g)

@@ -94,10 +94,19 @@ def test_a_relaunch_says_each_change_and_why_and_is_counted_by_the_kind_it_heals
     (entry,) = logs
     assert entry == {"event": "relaunch 2: --max-model-len (unset) -> 41568 because vLLM estimates 41568 tokens fit",
                      "launch": 2, "kind": "kv_cache_insufficient", "changed": ["--max-model-len"],
-                     "log_level": "warning"}
+                     "backoff_s": 0.0, "log_level": "warning"}
     assert bodies[0]["changes"] == [{"flag": "--max-model-len", "was": None, "now": "41568",
                                      "why": "vLLM estimates 41568 tokens fit"}]
     assert 'vllm_guard_relaunches_total{reason="kv_cache_insufficient"} 1.0' in metric(report, "vllm_guard_relaunches")
+
+
+def test_a_relaunch_after_a_backoff_says_how_long_it_waited(tmp_path):
+    same = Launch(Flags.parse("--max-model-len 41568"), (), "the engine died while serving", delay=4.06,
+                  reason="engine_dead")
+    logs, bodies, _ = told(tmp_path, lambda r: r.relaunch(3, same))
+    (entry,) = logs
+    assert entry["event"] == "relaunch 3 with the same flags after a 4.1 s backoff: the engine died while serving"
+    assert entry["backoff_s"] == 4.1 and bodies[0]["delay_s"] == 4.1
 
 
 def test_giving_up_is_one_sentence_with_who_holds_the_gpu(tmp_path):

@@ -56,6 +56,8 @@ from supervisor.core.messages import (
     _WARN_KEYS,
     _WARN_RULES,
     _WEAK_FRAMES,
+    BROKEN_KERNELS,
+    BROKEN_PLATFORM,
     COLLATERAL_ERRORS,
     ENCLOSING_FRAMES,
     ENDED_BY_EXECUTOR,
@@ -176,11 +178,14 @@ class Classifier:
         self._ends_traceback = False  # this line comes right after a traceback's frames
         self._cut_frame = ""         # its last frame, where a line that is no exception line followed the frames
         self._open_traceback = ""    # the last frame of a traceback whose exception line has not come
+        self._after_wrapper = False  # ... which began after a wrapper's line (the root cause it points to)
         self._engine: str | None = None       # the engine generation its banner named
         self._engine_seen = {"v0": 0, "v1": 0}   # ... else what its tags, files and words show
         self._last_proc = ""
         self._tagged = False         # the line read now came with a process tag
         self._stray = False          # ... is neither a record of vLLM's nor a traceback's (Verdict.stray)
+        self._platform = ""          # vLLM found no GPU platform or could not load its kernels (BROKEN_PLATFORM)
+        self._platform_fresh = False  # ... and no milestone came after it yet (it is the next launch's, if one begins)
 
     # ------------------------------------------------------------------ public
     @property
@@ -261,6 +266,17 @@ class Classifier:
         self.last_feed_error = f"{type(e).__name__}: {e}"[:200]
 
     def _verdict(self, exit_code: int | None) -> Diagnosis:
+        d = self._read(exit_code)
+        if d.kind is Kind.UNKNOWN_FAILURE and self._platform and not self._serving:
+            # what no rule names followed vLLM's finding no GPU, or its kernels failing to load: that is the cause
+            return Diagnosis(Kind.CONFIG_ERROR, _trim(self._platform), d.numbers, d.phase,
+                             "vLLM found no usable GPU platform or could not load its compiled kernels (a torch it "
+                             "was not built for, no GPU or CUDA driver visible in the container), and then failed: "
+                             f"{_trim(d.evidence)[:200]}. Repair the installation or the GPU access; changing "
+                             "flags will not help.")
+        return d
+
+    def _read(self, exit_code: int | None) -> Diagnosis:
         if self._best is not None and not (self._terminated and self._best.prio < 25):
             prio, kind, evidence, nums, phase, placed = self._best[:6]
             root = self._last_exc or self._exc_after_wrapper
@@ -269,8 +285,17 @@ class Classifier:
                 # wrapper's own record, a wrap's piece of it read on its own first)
                 kind, evidence = Kind.UNKNOWN_FAILURE, root
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
+            elif (prio <= _WRAPPER and self._after_wrapper and self._open_traceback.startswith("File")
+                  and not (self._runtime or self._serving)):
+                # a wrapper ("EngineCore failed to start.") and then its root cause's traceback, cut before its
+                # exception line: no rule names what failed (a serving engine's: it died, whatever the cause)
+                kind, phase = Kind.UNKNOWN_FAILURE, self._place()
+                evidence = (f"{evidence} ... a traceback cut off before its exception line (last frame: "
+                            f"{self._open_traceback})")
             elif kind in _OOM_KINDS and placed in ("milestone", "generation", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
+            elif kind in (Kind.ENGINE_DEAD, Kind.UNKNOWN_FAILURE) and self._runtime and placed != "frames":
+                phase = "serving"    # a serving-time wrapper says the engine was running (a paste cut at its head)
             elif kind in _OOM_KINDS and placed == "generation":
                 # placed after the KV cache was sized: by the engine generation the whole log shows (a paste
                 # cut to its last lines shows it only in the frames after the error)
@@ -355,6 +380,7 @@ class Classifier:
             self._recent_first = self._after_fatal = self._raise_open = self._other_thread = False
             self._request, self._request_next, self._last_file = self._request_next, False, ""
             self._open_traceback, self._from_vllm = "Traceback (most recent call last)", True
+            self._after_wrapper = self._best is not None and self._best.prio <= _WRAPPER
             self._cut_frame = ""
             return
         elif stripped.endswith("(most recent call first):"):   # faulthandler's dump of a dying interpreter
@@ -469,6 +495,7 @@ class Classifier:
                 new = _PHASE[phase]
                 if phase == "config" and prefix.startswith("vLLM"):
                     self._banner(text)
+                self._platform_fresh = False
                 if new > self._phase or (phase == "cudagraph" and self._phase == _PHASE["warmup"]
                                          and not self._capture_done):
                     self._phase = new    # V1 warms kernels up before it captures
@@ -488,6 +515,9 @@ class Classifier:
                 self._check_info(text, rank)
             elif text.startswith(STOP_PREFIXES):
                 self._stopping = True    # stopped by a signal: the wrappers that follow are its echo
+            elif text.startswith(BROKEN_PLATFORM) and (text.startswith("No platform")
+                                                        or any(w in text for w in BROKEN_KERNELS)):
+                self._platform, self._platform_fresh = text[:_KEEP], True
         found = _info_numbers(text)
         if "vllm_version" not in found and _LOGO_CHARS.intersection(text):
             m = _RX_LOGO.search(text)
@@ -516,7 +546,9 @@ class Classifier:
         if self._phase > _PHASE["config"] or self._best is not None or (self._bannered and not again):
             self._earlier = self._verdict(None)
             self._launches += 1
+            platform = self._platform if self._platform_fresh else ""   # printed at import, before the banner
             self._start_launch()
+            self._platform = platform
         self._bannered = text
 
     def _check_warning(self, text: str, rank: int | None) -> None:

@@ -382,6 +382,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "V0 attention backends have been removed", "Too large swap space", "GPU memory utilization must be",
       "is smaller than max_model_len", "No CUDA GPUs are available", "Found no NVIDIA driver",
       "CUDA driver version is insufficient", "Failed to infer device type",
+      # a custom op missing from vLLM's compiled kernels (0.5-0.6 logs this after the op's AttributeError)
+      "Possibly you have built or installed an obsolete version of vllm",
       "No memory should be allocated for the cache blocks for an attention-free model",
       "Failed to load the model config.", "Unknown vLLM environment variable detected",
       "requires you to execute the configuration file", "contains custom code which must be executed",
@@ -411,6 +413,9 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "local raylet died", "collective operation timeout", "DistStoreError",
       "terminate called after throwing",
       "Timed out waiting for engine", "No heartbeat received", "Engine iteration timed out",
+      # V1's executor gave up waiting for its workers' answer to a call ("RPC call to {method} timed out."): a
+      # hung worker, or one in a collective its peers never joined
+      "RPC call to",
       # the engine or a worker is gone, and nothing else says why
       "Input socket thread died", "Did not receive response from front-end process", "Engine process (pid",
       "Engine is dead.", "died, exit code", "died unexpectedly"),
@@ -532,8 +537,14 @@ _MILESTONES: tuple[tuple[str, str], ...] = (
 )
 #: The API server saying it got SIGTERM/SIGINT (0.23+): what its engine prints while stopping is no failure.
 STOP_PREFIXES = ("[shutdown] API server: shutdown triggered",)
+#: vLLM found no GPU platform, or its compiled kernels would not load (built for another torch: an undefined
+#: symbol; no CUDA driver in the container: libcuda.so.1 missing). Printed at import, at INFO, DEBUG or WARNING,
+#: and not fatal there; a failure no rule names after it follows from it: a broken installation. (A build with
+#: no ``vllm._C`` at all, "No module named", is a TPU's or a source tree's: no sign of anything.)
+BROKEN_PLATFORM = ("No platform detected", "Failed to import from vllm._C")
+BROKEN_KERNELS = ("undefined symbol", "cannot open shared object file")
 _MILESTONE_PREFIXES = (tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
-                       + _INFO_PREFIXES + STOP_PREFIXES)
+                       + _INFO_PREFIXES + STOP_PREFIXES + BROKEN_PLATFORM)
 #: Lines only a serving vLLM prints (its stats, a request's record): serving, even when the log's
 #: "Application startup complete." was not kept.
 _SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request", "Added request", "Finished request")

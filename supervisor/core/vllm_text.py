@@ -450,6 +450,8 @@ CARRIERS: tuple[Carrier, ...] = (
     Carrier("tag", "a wrapper's tag", "[vllm]: MSG"),
     # a time stamp, then the console's own host and level (GKE / Cloud Logging, CloudWatch, container clouds)
     Carrier("console", "a cloud console or log viewer", "2024-08-19 18:30:11.123 UTC\tERROR\tMSG"),
+    # ... its table copied, the level first (Logs Explorer's "SEVERITY TIMESTAMP SUMMARY")
+    Carrier("console-table", "a cloud console's table, copied", "ERROR   2024-08-19 18:30:11.123 UTC  MSG"),
     # docker's json-file driver, journalctl -o json, Cloud Logging's LogEntry, fluent-bit
     Carrier("json", "JSON log lines", '{"log":"MSG\\n","stream":"stderr","time":"2024-08-19T18:30:11.123456789Z"}'),
     Carrier("priority", "syslog priorities", "<6>MSG"),
@@ -582,6 +584,15 @@ _RAY = re.compile(r"\((?:pid=\d+(?:, ip=[^)]*)?|raylet(?:, ip=[^)]*)?|autoscaler
 _RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
 _COMPOSE = re.compile(r"(?P<svc>[A-Za-z0-9][\w.-]*) +\|(?: |$)")
 _PRIORITY = re.compile(r"<[0-7]>")
+#: a time stamp with its date anywhere in a learnt prefix (ISO's, syslog's month and day): a clock alone is not
+#: one (a prefix learnt from vLLM's own header typed in lower case holds vLLM's, of whole seconds)
+_PREFIX_STAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?|" + _MON
+                           + r" [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,6})?")
+#: a console's level before its time stamp (a cloud console's table copied: "SEVERITY TIMESTAMP SUMMARY", its
+#: level padded to a column), then the column's gap: two spaces where there are two (else one, or a tab)
+_LEVEL_FIRST = re.compile(r"(?P<lvl>" + _LVL_WORD + r")(?:\t+| +)"
+                          r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:" + _ZONE
+                          + r"|(?-i: ?(?:UTC|GMT)))?)(?:\t+|  | |$)", re.I)
 # After a console's time stamp: a host and a level, or a level, of the console's own (not vLLM's).
 _CONSOLE_REST = re.compile(r"(?:(?P<host>(?!(?:" + _LEVELS + r")\b)[\w.-]+)(?:\t+|\s*\|\s*| ))?"
                            r"(?P<lvl>" + _LVL_WORD
@@ -656,6 +667,8 @@ def strip_carriers(line: str) -> _Peeled:
                 name = "journald"
                 if m:
                     ts = ts or m.group("ts")
+        elif c.isalpha() and (m := _LEVEL_FIRST.match(text)) is not None:
+            ts, name = ts or m.group("ts"), "console-table"
         elif c in "JFMASONDjfmasondTWStws" and text[3:4] == " ":
             m = _SYSLOG.match(text)
             if m:
@@ -705,6 +718,7 @@ def strip_carriers(line: str) -> _Peeled:
 # The level word of a line as Python's logging printed it: one of its five names, a whole word (never WARN
 # or FATAL), behind at most vLLM's process tag ("(APIServer pid=7) INFO 11-29 ...", uvicorn's "INFO:  ...").
 _LEVEL_WORD = re.compile(rb"(?:\([^)\n]{0,120}\) +)?(" + _LEVELS.encode() + rb"):?(?: |$)")
+_YEAR_NEXT = re.compile(rb"[ \t]*\d{4}-\d\d-\d\d")
 
 
 def level_word(line: bytes) -> bytes | None:
@@ -714,8 +728,8 @@ def level_word(line: bytes) -> bytes | None:
     is decided by the same reading as the classifier's. Bytes, for the output path: the common line
     is one regex match, the carriers are looked for only where none matched."""
     m = _LEVEL_WORD.match(line)
-    if m is not None:
-        return m.group(1)
+    if m is not None and not _YEAR_NEXT.match(line, m.end()):
+        return m.group(1)        # (a level before a dated stamp is a console table's own: vLLM's is behind it)
     c = line[:1]
     if not c or c in b" \t" or line.startswith(b"Traceback"):    # a traceback's: never behind a carrier here
         return None
@@ -1530,8 +1544,13 @@ class Normalizer:
         whole = not (self._partial or p.partial or self._json_buf)
         bare = self._unprefixed(p.text) if whole else None
         carried: str | None = None
+        stamp = None
         if bare is not None:
             self.carriers[LEARNT.name] += 1
+            # a console's columns in an order no listed carrier's is (its level before its time: a cloud
+            # console's "SEVERITY TIMESTAMP SUMMARY"): its time stamp orders the entries all the same
+            found = _PREFIX_STAMP.search(p.text, 0, len(p.text) - len(bare))
+            stamp = found.group(0) if found else None
             if p.carriers:
                 p = p._replace(text=bare)
             else:
@@ -1554,7 +1573,7 @@ class Normalizer:
                 # than the prefix): held for that line
                 self._cut_head = (seg, width)
                 return
-            self._ordered(seg, width, carried, None)
+            self._ordered(seg, width, carried, stamp)
             return
         text = p.text
         if guard_own(text):
@@ -1578,7 +1597,7 @@ class Normalizer:
                 return
             self._partial_done(joined, width, p.ts)
             return
-        self._ordered(text, width, seg, p.ts)
+        self._ordered(text, width, seg, p.ts or stamp)
 
     def _unprefixed(self, seg: str) -> str | None:
         """``seg`` without the prefix of a carrier none of :data:`CARRIERS` is, or None (no such prefix).

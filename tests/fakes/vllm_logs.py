@@ -552,6 +552,12 @@ def _cases_at_(r: dict, v: str, chain: str, proc: str) -> list[Case]:
             if r["level"] == "exception":
                 cases.append(Case(name + "/unknown-root", r["id"], v, head + tail, code, "unknown_failure", ph,
                                   UNKNOWN_ROOT))
+                # the paste cut inside the root cause's traceback, before its exception line: nothing names what
+                # failed (while serving, the engine died all the same)
+                at = next(i for i, line in enumerate(tail) if line.endswith(UNKNOWN_ROOT))
+                cases.append(Case(name + "/cut-root", r["id"], v, head + tail[:at], None,
+                                  "engine_dead" if ph == "serving" else "unknown_failure", ph,
+                                  "" if ph == "serving" else "a traceback cut off before its exception line"))
                 tail, code = envelope_log(r, v, chain, proc, root=OOM_ROOT)
                 cases.append(Case(name + "/oom-root", r["id"], v, head + tail, code, OOM_KIND[ph], ph, "CUDA out of memory",
                                   {"tried_to_allocate_mib": 2048.0}))

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.core.classifier import Classifier, classify, normalize, place
 from supervisor.core.diagnosis import VERDICT_PHASES, Diagnosis, Kind
@@ -1171,3 +1173,78 @@ def test_a_record_behind_a_carriers_prefix_that_says_its_failure_at_its_start_is
                     'File "/usr/local/lib/python3.10/dist-packages/vllm/executor/ray_gpu_executor.py", line 1, in f',
                     "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."], 1)
     assert got.kind is Kind.ENGINE_DEAD and got.evidence.startswith("A worker died or was killed"), got
+
+
+# --------------------------------------------------------------------------- a broken platform explains what follows
+_NO_PLATFORM = [   # vLLM's words at import, per release (INFO 0.7-0.11, DEBUG later; its kernels' import: WARNING)
+    "INFO 08-29 06:31:40 [__init__.py:246] No platform detected, vLLM is running on UnspecifiedPlatform",
+    "DEBUG 11-02 09:00:01 [platforms/__init__.py:295] No platform detected, vLLM is running on UnspecifiedPlatform",
+    "WARNING 08-29 06:31:40 [_custom_ops.py:20] Failed to import from vllm._C with ImportError('libcuda.so.1: "
+    "cannot open shared object file: No such file or directory')",
+    "WARNING 01-08 22:14:30 _custom_ops.py:19] Failed to import from vllm._C with ImportError('/venv/lib/python3.10/"
+    "site-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c1010Dispatcher17runRecordFunctionERN2at14RecordFunctionE')",
+    "WARNING 11-02 09:00:01 [interface.py:371] Failed to import from vllm._C: ImportError('/usr/local/lib/python3.12/"
+    "dist-packages/vllm/_C.abi3.so: undefined symbol: _ZNK3c1011StorageImpl27throw_data_ptr_access_errorEv')",
+]
+_BANNER = "INFO 08-29 06:31:44 [api_server.py:1805] vLLM API server version 0.10.1.1"
+_NAMELESS = [      # what then fails, in words no rule names
+    ["RuntimeError: Device string must not be empty"],
+    ["AttributeError: '_OpNamespace' '_C' object has no attribute 'rms_norm'"],
+    ["Fatal Python error: Segmentation fault"],
+    _tb("profile_run", "_dummy_run"),                              # cut before its exception line
+]
+
+
+@given(marker=st.sampled_from(_NO_PLATFORM), failure=st.sampled_from(_NAMELESS), before_banner=st.booleans(),
+       tagged=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_a_failure_no_rule_names_after_vllm_found_no_platform_or_could_not_load_its_kernels_is_a_config_error(
+        marker: str, failure: list[str], before_banner: bool, tagged: bool) -> None:
+    """Printed at import, before or after the banner, and not fatal where printed: what fails after it follows from
+    it (found: a container without the GPU failing on "Device string must not be empty", a torch upgraded under
+    vLLM failing on a missing custom op). No relaunch fixes an installation: exit 78, not a crash loop."""
+    tag = "(APIServer pid=1) " if tagged else ""
+    head = [tag + marker, _BANNER] if before_banner else [_BANNER, tag + marker]
+    got = classify([*head, "INFO 08-29 06:31:45 [gpu_model_runner.py:1] Starting to load model m...",
+                    *failure], 1)
+    assert got.kind is Kind.CONFIG_ERROR and marker.endswith(got.evidence), got
+    assert "installation" in got.detail
+
+
+@pytest.mark.parametrize(("marker", "after", "kind"), [
+    # a build with no vllm._C at all (a TPU's, a source tree's) says nothing of the failure after it
+    ("WARNING 01-01 00:00:00 [_custom_ops.py:20] Failed to import from vllm._C with "
+     "ModuleNotFoundError(\"No module named 'vllm._C'\")", ["RuntimeError: Device string must not be empty"],
+     Kind.UNKNOWN_FAILURE),
+    # a failure a rule names keeps its name; serving is serving
+    (_NO_PLATFORM[2], [_OOM_LINE := "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+                       "has a total capacity of 79.19 GiB of which 1.00 GiB is free."], Kind.OOM_WEIGHTS),
+    (_NO_PLATFORM[0], ["INFO:     Application startup complete."], Kind.HEALTHY),
+])
+def test_what_a_missing_platform_does_not_explain(marker: str, after: list[str], kind: Kind) -> None:
+    got = classify([_BANNER, marker, "INFO 08-29 06:31:45 [gpu_model_runner.py:1] Starting to load model m...",
+                    *after], None if kind is Kind.HEALTHY else 1)
+    assert got.kind is kind, got
+
+
+def test_a_missing_platform_is_the_launch_it_was_printed_for_in_a_log_of_several() -> None:
+    """The first launch's import warning, then a second launch (its own banner, no such warning) failing on
+    something no rule names: the second launch's failure is its own."""
+    got = classify([_NO_PLATFORM[0], _BANNER, "INFO 08-29 06:31:45 [gpu_model_runner.py:1] Starting to load model m...",
+                    "RuntimeError: Device string must not be empty", _BANNER,
+                    "INFO 08-29 06:35:45 [gpu_model_runner.py:1] Starting to load model m...",
+                    "KeyError: 'model.layers.0.mlp.gate_up_proj.weight'"], 1)
+    assert got.kind is Kind.UNKNOWN_FAILURE and "KeyError" in got.evidence, got
+
+
+@pytest.mark.parametrize("wrapper", [
+    "(APIServer pid=1) ERROR 10-02 11:00:00 [async_llm.py:480] AsyncLLM output_handler failed.",
+    "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+    "(above) for the root cause.",
+    "ERROR 10-02 11:00:00 [engine.py:160] MQEngineDeadError: Engine loop is not running. Inspect the stacktrace to "
+    "find the original error: RuntimeError('CUDA error: an illegal memory access was encountered').",
+])
+def test_a_serving_time_wrapper_places_the_engines_death_in_serving_in_a_paste_cut_at_its_head(wrapper: str) -> None:
+    """No milestone and no frame in the paste, only what vLLM says once it serves: the engine died serving."""
+    got = classify([wrapper], 1)
+    assert got.kind is Kind.ENGINE_DEAD and got.phase == "serving", got

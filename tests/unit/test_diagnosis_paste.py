@@ -133,6 +133,11 @@ CARRIER_LINES: dict[str, Callable[[str, int], str]] = {
     "console": lambda m, i: (f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3]
                              + f" | gpu-worker-3 | {'ERROR' if i % 2 else 'INFO'} | {m}"),
     "console-zone": lambda m, i: f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" CEST\t{m}",
+    # a console's table copied with its level first ("SEVERITY TIMESTAMP SUMMARY"): the level padded to its
+    # column, the columns two spaces apart; or tab separated
+    "console-level-first": lambda m, i: (f"{'ERROR' if i % 2 else 'INFO':<8}" + f"{_t(i):%Y-%m-%d %H:%M:%S.%f}"[:-3]
+                                         + f" UTC  {m}"),
+    "console-level-first-tab": lambda m, i: f"{'ERROR' if i % 3 else 'DEFAULT'}\t{_rfc3339nano(i)}\t{m}",
     # docker's json-file log driver (one object per line, the line's newline kept in "log")
     "docker-json": lambda m, i: json.dumps({"log": m + "\n", "stream": "stderr", "time": _rfc3339nano(i)}),
     # journalctl -o json

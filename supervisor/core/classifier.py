@@ -285,13 +285,13 @@ class Classifier:
                 # wrapper's own record, a wrap's piece of it read on its own first)
                 kind, evidence = Kind.UNKNOWN_FAILURE, root
                 phase = self._exc_phase or phase     # its own traceback's frames, not the wrapper's place
-            elif (prio <= _WRAPPER and self._after_wrapper and self._open_traceback.startswith("File")
-                  and not (self._runtime or self._serving)):
+            elif (prio <= _WRAPPER and self._after_wrapper and (cut := self._open_traceback or self._cut_frame)
+                  .startswith("File") and not self._runtime and self._place() != "serving"):
                 # a wrapper ("EngineCore failed to start.") and then its root cause's traceback, cut before its
-                # exception line: no rule names what failed (a serving engine's: it died, whatever the cause)
+                # exception line (the paste ends, or a line of no exception's form follows the frames): no rule
+                # names what failed (a serving engine's: it died, whatever the cause)
                 kind, phase = Kind.UNKNOWN_FAILURE, self._place()
-                evidence = (f"{evidence} ... a traceback cut off before its exception line (last frame: "
-                            f"{self._open_traceback})")
+                evidence = f"{evidence} ... a traceback cut off before its exception line (last frame: {cut})"
             elif kind in _OOM_KINDS and placed in ("milestone", "generation", "none") and self._runtime:
                 kind, phase = Kind.OOM_RUNTIME, "serving"   # the serving-time wrappers came after it
             elif kind in (Kind.ENGINE_DEAD, Kind.UNKNOWN_FAILURE) and self._runtime and placed != "frames":
@@ -397,6 +397,8 @@ class Classifier:
                 if self._ends_traceback and not formed:
                     self._cut_frame = self._open_traceback   # no exception line: a reporter's "(output cut here)"
                 self._open_traceback = ""    # the exception line that ends the traceback
+        elif self._cut_frame and not text.startswith(" ") and _EXC_FORM.match(text):
+            self._cut_frame = ""         # its exception line after all, after a line that was none of its frames
         if text.startswith("    "):      # a traceback's source line
             if self._raise_open or stripped.startswith("raise "):
                 self._raise_line(stripped, level, rank)
@@ -436,6 +438,7 @@ class Classifier:
     def _frame(self, m: re.Match[str], stripped: str) -> None:
         """A traceback frame: where the failure happened, read from the deepest frame of a known phase."""
         self._open_traceback = "" if self._request else stripped[:200]    # a request's: never the start-up's
+        self._cut_frame = ""             # the frames go on: the line that seemed to cut them was a piece of one
         self._from_vllm = True
         path = self._last_file = m.group(1)
         if "/vllm/" in path:
@@ -715,6 +718,8 @@ class Classifier:
 
     def _offer(self, prio: int, kind: Kind, text: str, numbers: dict[str, Any], phase: str, placed: str = "",
                provisional: bool = False, quiet: bool = False) -> None:
+        if self._ends_traceback:
+            self._cut_frame = ""     # a line right after the frames that a rule names is their exception line
         best = self._best
         stray = self._stray and not starts_own_record(text)    # (an exception line alone is the log's)
         if best is None or prio > best.prio or best.stray and not stray and prio == best.prio:

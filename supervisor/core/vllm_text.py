@@ -7,7 +7,8 @@ diagnose``'s files, before any rule of :mod:`supervisor.core.classifier` sees a 
    most :data:`MAX_LINE` bytes; what a line holds beyond that is dropped.
 2. :class:`Normalizer`, per line: in a paste, what the medium it went through last did to the
    characters undone (:func:`plain_chars`) and a terminal's padding off, a code fence taken as the start
-   of a paste of its own; NUL bytes and ANSI colour out; markdown quote markers (``> ``) and
+   of a paste of its own, a rule of dashes read as a blank line, IPython's rendering of a traceback put
+   in Python's own form (:data:`_IPY_HEADER`); NUL bytes and ANSI colour out; markdown quote markers (``> ``) and
    the indentation of a whole indented paste out; the prefixes of the carriers that shipped the log
    (:data:`CARRIERS`: journald, docker and compose, Kubernetes' CRI files and ``kubectl``, Ray, cloud
    consoles, JSON log lines, ...; and any other's, learnt from the log: :data:`LEARNT`) out, CRI's
@@ -926,6 +927,15 @@ def folded(text: str) -> bool:
 
 
 # --------------------------------------------------------------------------- the stage
+#: IPython's (Jupyter's) rendering of a traceback: its header ("KeyError          Traceback (most recent call
+#: last)"), its frames (IPython 8+: "File /p/x.py:93, in LLM.__init__(self, ...)"; before: "/p/x.py in
+#: __init__(self, ...)", "<ipython-input-2-...> in <module>"; a cell: "Cell In[2], line 3"), its source lines
+#: numbered, the one running marked with an arrow ("---> 93 self.llm_engine = ...", "     91 ...")
+_IPY_HEADER = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?[ \t]{2,}Traceback \(most recent call last\)")
+_IPY_FRAME = re.compile(r"File (?P<path>\S+?\.pyx?):(?P<line>\d+), in (?P<name>[\w.<>]+)")
+_IPY_OLD = re.compile(r"(?P<path>(?:/|[A-Za-z]:\\|<ipython-input-)\S*?) in (?P<name>[\w<>]+)(?:\(|$)")
+_IPY_CELL = re.compile(r"(?:Cell|Input) In ?\[(?P<cell>\d*)\],? line (?P<line>\d+)")
+_IPY_SOURCE = re.compile(r"[ \t]*(?:-*>[ \t]*)?\d+(?:[ \t](?P<src>.*))?")
 _QUOTE = re.compile(r"^(?:> ?)+")           # (a tab after a ">" is the text's own indentation)
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
 #: the widest line of a paste an editor wrapped at _WRAP_MIN may fall short of it by a word
@@ -1177,6 +1187,7 @@ class Normalizer:
         self._prev_raw = ""
         self._soft_before = ""                      # the record before, read as an editor's wrap
         self._live = live
+        self._ipython = False                       # inside IPython's rendering of a traceback (_from_ipython)
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
         self._prefix_widths: dict[int, tuple[int, int]] = {}   # ... how long it was on those lines: the spaces
@@ -1244,6 +1255,13 @@ class Normalizer:
         if not self._live:               # a paste: what a medium did to it undone (a pipe went through none)
             self._paste_lines += 1
             line = self._as_typed(line)
+            if line[:3] == "---" and not line.strip("- \t"):
+                line = ""                # a rule (markdown's, IPython's above a traceback): no text, no wrap's piece
+            if self._ipython or "Traceback (most" in line:
+                python = self._from_ipython(line)
+                if python is None:
+                    return []
+                line = python
             fence = line.lstrip(" \t>")[:3] in ("```", "~~~")
             if fence and self._prelude:
                 out = self._held_out() + self._feed_line(line)      # (the lines held: their paste ended)
@@ -1355,6 +1373,34 @@ class Normalizer:
             bare = line.rstrip(" ")
             if len(line) - len(bare) >= _PAD_RUN:
                 return bare
+        return line
+
+    def _from_ipython(self, line: str) -> str | None:
+        """A line of IPython's (Jupyter's) rendering of a traceback in Python's own form (:data:`_IPY_HEADER`),
+        or None for one of its blank lines between frames (none of Python's: a traceback's lines are one block):
+        read from its header to the first line that is none of its frames or numbered source lines (the
+        exception line)."""
+        quote = _QUOTE.match(line)
+        lead, body = (line[:quote.end()], line[quote.end():]) if quote else ("", line)
+        if not self._ipython:
+            if _IPY_HEADER.fullmatch(body.strip()) is None:
+                return line
+            self._ipython = True
+            return lead + "Traceback (most recent call last):"
+        stripped = body.strip()
+        if not stripped:
+            return None
+        m = _IPY_FRAME.match(stripped) or _IPY_OLD.match(stripped)
+        if m is not None:
+            number = m.groupdict().get("line") or "0"
+            return f'{lead}  File "{m.group("path")}", line {number}, in {m.group("name")}'
+        m = _IPY_CELL.match(stripped)
+        if m is not None:
+            return f'{lead}  File "<cell In[{m.group("cell")}]>", line {m.group("line")}, in <module>'
+        m = _IPY_SOURCE.fullmatch(body)
+        if m is not None:
+            return f"{lead}    {m.group('src').strip()}"
+        self._ipython = False            # its exception line: Python's own form already
         return line
 
     def flush(self) -> list[Record]:

@@ -412,6 +412,43 @@ def _report(case: cat.Case, sections: list[str], fence: str) -> Paste:
 
 
 LOWER = Paste("lower case", lambda lines: [ln.lower() for ln in lines], 0)
+
+_PY_FRAME = re.compile(r'  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+
+
+def _ipython(lines: list[str], before_8: bool = False) -> list[str]:
+    """An offline run in a notebook: each traceback Python printed (no log header: not a record of vLLM's
+    logger) as IPython renders it (a rule, the exception's name before "Traceback (most recent call last)",
+    each frame after a blank line, "File path:N, in name(args)" (IPython 8) or "path in name(args)" (before),
+    its source line numbered behind an arrow)."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i] != "Traceback (most recent call last):":
+            out.append(lines[i])
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        name = lines[end].split(":", 1)[0].rsplit(".", 1)[-1] if end < len(lines) else "Exception"
+        out += ["-" * 75, f"{name:<42}Traceback (most recent call last)"]
+        number = "1"
+        for line in lines[i + 1:end]:
+            m = _PY_FRAME.fullmatch(line)
+            if m:
+                number = m.group("line")
+                at = (f"{m.group('path')} in" if before_8 else f"File {m.group('path')}:{number}, in")
+                out += ["", f"{at} {m.group('name')}(self, *args, **kwargs)"]
+            else:
+                out.append(f"--> {number:>4} {line.strip()}")
+        out.append("")
+        i = end
+    return out
+
+
+IPYTHON = [Paste("IPython's tracebacks", _ipython, 1),
+           Paste("IPython 7's tracebacks", lambda lines: _ipython(lines, before_8=True), 1)]
 NEWEST_FIRST = Paste("newest first", lambda lines: lines[::-1], 3)
 
 
@@ -434,6 +471,7 @@ TRANSFORMS: dict[str, st.SearchStrategy[list[Paste]]] = {
     "indent": st.sampled_from(INDENTS).map(lambda p: [_indent(p)]),
     "indent-first": st.sampled_from(INDENTS).map(lambda p: [_indent_first(p)]),
     "lower": st.just([LOWER]),
+    "ipython": st.sampled_from(IPYTHON).map(lambda p: [p]),
     "newest-first": st.sampled_from(STAMPED).map(_newest_first),
     "medium": st.sampled_from(sorted(MEDIA)).map(lambda n: [_medium(n)]),
     "rendered": st.just([Paste("rendered and copied", _rendered, 8)]),

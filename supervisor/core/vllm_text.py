@@ -931,10 +931,10 @@ def folded(text: str) -> bool:
 #: last)"), its frames (IPython 8+: "File /p/x.py:93, in LLM.__init__(self, ...)"; before: "/p/x.py in
 #: __init__(self, ...)", "<ipython-input-2-...> in <module>"; a cell: "Cell In[2], line 3"), its source lines
 #: numbered, the one running marked with an arrow ("---> 93 self.llm_engine = ...", "     91 ...")
-_IPY_HEADER = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?[ \t]{2,}Traceback \(most recent call last\)")
-_IPY_FRAME = re.compile(r"File (?P<path>\S+?\.pyx?):(?P<line>\d+), in (?P<name>[\w.<>]+)")
+_IPY_HEADER = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?[ \t]{2,}Traceback \(most recent call last\)", re.I)
+_IPY_FRAME = re.compile(r"File (?P<path>\S+?\.pyx?):(?P<line>\d+), in (?P<name>[\w.<>]+)", re.I)
 _IPY_OLD = re.compile(r"(?P<path>(?:/|[A-Za-z]:\\|<ipython-input-)\S*?) in (?P<name>[\w<>]+)(?:\(|$)")
-_IPY_CELL = re.compile(r"(?:Cell|Input) In ?\[(?P<cell>\d*)\],? line (?P<line>\d+)")
+_IPY_CELL = re.compile(r"(?:Cell|Input) In ?\[(?P<cell>\d*)\],? line (?P<line>\d+)", re.I)
 _IPY_SOURCE = re.compile(r"[ \t]*(?:-*>[ \t]*)?\d+(?:[ \t](?P<src>.*))?")
 _QUOTE = re.compile(r"^(?:> ?)+")           # (a tab after a ">" is the text's own indentation)
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
@@ -1188,6 +1188,7 @@ class Normalizer:
         self._soft_before = ""                      # the record before, read as an editor's wrap
         self._live = live
         self._ipython = False                       # inside IPython's rendering of a traceback (_from_ipython)
+        self._ipy_lead = ""                         # ... the quote markers and indentation of its header
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
         self._prefix_widths: dict[int, tuple[int, int]] = {}   # ... how long it was on those lines: the spaces
@@ -1255,9 +1256,9 @@ class Normalizer:
         if not self._live:               # a paste: what a medium did to it undone (a pipe went through none)
             self._paste_lines += 1
             line = self._as_typed(line)
-            if line[:3] == "---" and not line.strip("- \t"):
+            if "---" in line[:16] and not line.strip("-> \t"):
                 line = ""                # a rule (markdown's, IPython's above a traceback): no text, no wrap's piece
-            if self._ipython or "Traceback (most" in line:
+            if self._ipython or "recent call last)" in line:
                 python = self._from_ipython(line)
                 if python is None:
                     return []
@@ -1378,29 +1379,33 @@ class Normalizer:
     def _from_ipython(self, line: str) -> str | None:
         """A line of IPython's (Jupyter's) rendering of a traceback in Python's own form (:data:`_IPY_HEADER`),
         or None for one of its blank lines between frames (none of Python's: a traceback's lines are one block):
-        read from its header to the first line that is none of its frames or numbered source lines (the
-        exception line)."""
+        read from its header to its exception line (or a record of vLLM's); a line that is neither, nor one
+        of its frames or numbered source lines (a wrap's piece of one), is left as it is."""
         quote = _QUOTE.match(line)
         lead, body = (line[:quote.end()], line[quote.end():]) if quote else ("", line)
-        if not self._ipython:
-            if _IPY_HEADER.fullmatch(body.strip()) is None:
-                return line
-            self._ipython = True
-            return lead + "Traceback (most recent call last):"
         stripped = body.strip()
+        if not self._ipython:
+            if _IPY_HEADER.fullmatch(stripped) is None and stripped.lower() != "traceback (most recent call last)":
+                return line              # (IPython's header has no colon: an editor's wrap may leave it alone)
+            self._ipython = True
+            # (the paste's own indentation, as its header shows it, stays on every line read back)
+            self._ipy_lead = lead + body[:len(body) - len(body.lstrip())]
+            return self._ipy_lead + "Traceback (most recent call last):"
         if not stripped:
             return None
+        at = self._ipy_lead
         m = _IPY_FRAME.match(stripped) or _IPY_OLD.match(stripped)
         if m is not None:
             number = m.groupdict().get("line") or "0"
-            return f'{lead}  File "{m.group("path")}", line {number}, in {m.group("name")}'
+            return f'{at}  File "{m.group("path")}", line {number}, in {m.group("name")}'
         m = _IPY_CELL.match(stripped)
         if m is not None:
-            return f'{lead}  File "<cell In[{m.group("cell")}]>", line {m.group("line")}, in <module>'
+            return f'{at}  File "<cell In[{m.group("cell")}]>", line {m.group("line")}, in <module>'
         m = _IPY_SOURCE.fullmatch(body)
         if m is not None:
-            return f"{lead}    {m.group('src').strip()}"
-        self._ipython = False            # its exception line: Python's own form already
+            return f"{at}    {(m.group('src') or '').strip()}"
+        if _EXC_ANY_CASE.match(stripped) or NAMED_EXCEPTION_LINE.match(stripped) or _vllm_starts(stripped):
+            self._ipython = False        # its exception line (Python's own form already), or vLLM's next record
         return line
 
     def flush(self) -> list[Record]:

@@ -447,8 +447,9 @@ def _ipython(lines: list[str], before_8: bool = False) -> list[str]:
     return out
 
 
-IPYTHON = [Paste("IPython's tracebacks", _ipython, 1),
-           Paste("IPython 7's tracebacks", lambda lines: _ipython(lines, before_8=True), 1)]
+# (after a cut of the head or the tail, which counts the lines Python printed)
+IPYTHON = [Paste("IPython's tracebacks", _ipython, 1.2),
+           Paste("IPython 7's tracebacks", lambda lines: _ipython(lines, before_8=True), 1.2)]
 NEWEST_FIRST = Paste("newest first", lambda lines: lines[::-1], 3)
 
 
@@ -577,8 +578,8 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
                 out.append(cut)
         elif name == "repr":
             # (the catalogue's logs, where the failure's start is known: a saved log's is not, and its whole text,
-            # a journal's prefixes and all, is no exception's)
-            if case.start > 0:
+            # a journal's prefixes and all, is no exception's; nor is a notebook's rendering of it)
+            if case.start > 0 and "ipython" not in chosen:
                 out.append(_repr(case))
         elif name == "elide":
             # (lines left out of the middle or the head cut: one, the lines' places are the log's; a repr's lines
@@ -593,6 +594,10 @@ def pastes(draw: st.DrawFn, case: cat.Case, names: tuple[str, ...] | None = None
             if not medium:
                 medium = name
         elif case.name in PRE_WRAPPED and name in ("carrier", "any-carrier", "cri-partial", "newest-first", *_WRAPS):
+            continue
+        elif "ipython" in chosen and name in ("carrier", "any-carrier", "cri-partial", "newest-first", *_WRAPS):
+            # a notebook's output is copied from the page, not shipped by a carrier; its tracebacks are read back
+            # where their header and frames are whole lines (docs/failure-catalogue.md, "A notebook's traceback")
             continue
         elif case.name in PRE_QUOTED and name in ("quote", "indent", "indent-first"):
             continue

@@ -14,6 +14,7 @@ whatever it holds; 2 when one could not be read (the others are still diagnosed)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -23,7 +24,7 @@ from typing import IO, Any
 from supervisor.config import GuardConfig, PlanConfig
 from supervisor.core.classifier import Classifier
 from supervisor.core.diagnosis import Diagnosis
-from supervisor.core.flags import Flags
+from supervisor.core.flags import MAX_MODEL_LEN, Flags
 from supervisor.core.model import ModelInfo
 from supervisor.core.session import FAILED, End, Facts, Launch, Outcome, Session
 from supervisor.core.vllm_text import CARRIERS, LEARNT, LineSplitter
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"vllm-guard diagnose: {name}: {e.strerror or e}", file=sys.stderr)
             status = EX_USAGE
             continue
+        diagnosis = _held_to_bounds(diagnosis, args, model)
         remedy = _next_step(diagnosis, args, model)
         read = _read_as(classifier)
         if args.json:
@@ -145,6 +147,35 @@ def _model(name: str | None) -> ModelInfo | None:
     return info
 
 
+def _session(flags: Flags, args: argparse.Namespace, model: ModelInfo | None, d: Diagnosis) -> Session:
+    """The daemon's session, the log's launch its first, made with ``flags``."""
+    cfg = GuardConfig(model=getattr(args, "model", None) or "model", vllm_args=tuple(flags.argv()),
+                      plan=PlanConfig(enabled=False, learn=False))
+    facts = Facts(model=model, total_gib=getattr(args, "gpu_total_gib", None),
+                  free_gib=getattr(args, "gpu_free_gib", None), vllm_version=d.numbers.get("vllm_version"))
+    session = Session(cfg, facts, rng=random.Random(0))
+    session.first_launch()
+    session.launching()
+    return session
+
+
+def _held_to_bounds(d: Diagnosis, args: argparse.Namespace, model: ModelInfo | None) -> Diagnosis:
+    """A launch whose log shows vLLM's auto-fit choice ran with ``--max-model-len auto`` (vLLM prints it for
+    nothing else): the daemon holds that choice to its floor (``--min-model-len``) and to the length asked,
+    and so does diagnose, with the session's own check."""
+    if "auto_fit_max_model_len" not in d.numbers:
+        return d
+    try:
+        flags = Flags.parse(getattr(args, "flags", None) or "")
+    except ValueError:
+        return d                                  # (said by the remedy's step)
+    if flags.get(MAX_MODEL_LEN) is None:
+        flags = flags.set(MAX_MODEL_LEN, "auto")
+    # (checked where the daemon checks it: as vLLM prints its choice, sizing the KV cache)
+    held = _session(flags, args, model, d).check_auto_fit(d.numbers, "kv_cache")
+    return d if held is None else dataclasses.replace(held, numbers={**d.numbers, **held.numbers})
+
+
 def _next_step(d: Diagnosis, args: argparse.Namespace, model: ModelInfo | None) -> dict[str, Any]:
     """What the daemon would do after this failure: the session itself, fed the log's launch as its first."""
     if not d.names_a_failure:
@@ -153,13 +184,7 @@ def _next_step(d: Diagnosis, args: argparse.Namespace, model: ModelInfo | None) 
         flags = Flags.parse(getattr(args, "flags", None) or "")
     except ValueError as e:
         return {"healable": False, "flags": {}, "why": f"--flags cannot be parsed: {e}"}
-    cfg = GuardConfig(model=getattr(args, "model", None) or "model", vllm_args=tuple(flags.argv()),
-                      plan=PlanConfig(enabled=False, learn=False))
-    facts = Facts(model=model, total_gib=getattr(args, "gpu_total_gib", None),
-                  free_gib=getattr(args, "gpu_free_gib", None), vllm_version=d.numbers.get("vllm_version"))
-    session = Session(cfg, facts, rng=random.Random(0))
-    session.first_launch()
-    session.launching()
+    session = _session(flags, args, model, d)
     step = session.ended(Outcome(FAILED, d, exit_code=getattr(args, "exit_code", None)))
     if isinstance(step, End):
         return {"healable": False, "flags": {}, "why": step.reason, "advice": step.advice,

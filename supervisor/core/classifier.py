@@ -78,6 +78,7 @@ from supervisor.core.messages import (
     VOCABULARY,
     _info_numbers,
     first_key,
+    respelled,
 )
 from supervisor.core.vllm_text import EXCEPTION_FORM as _EXC_FORM
 from supervisor.core.vllm_text import EXCEPTION_LINE as _EXC
@@ -300,6 +301,8 @@ class Classifier:
                 # placed after the KV cache was sized: by the engine generation the whole log shows (a paste
                 # cut to its last lines shows it only in the frames after the error)
                 kind, phase = _oom_at("kv_cache", v0=_v0(self._numbers, self.engine))
+            if phase == "launching":
+                phase = _SAID_IN.get(kind, phase)    # nothing placed it, but vLLM says this only in one phase
             numbers = self._with_engine({**self._numbers, **nums})
             if kind is Kind.CONFIG_ERROR and "required_gpus" not in numbers and (
                     "grace_s" in numbers or "placement group" in evidence.lower()
@@ -601,6 +604,13 @@ class Classifier:
                     self._saw(engine)
                     break
         found = first_key(text)
+        if found is not None and level == _RAW and cap != _RETYPED:
+            # a line typed by a person (no header of vLLM's): a typo in a rule's key leaves a less specific one
+            # to match ("Cnnot auto-fit max_model_len: not enough GPU memory ..."); as vLLM spells it, the first
+            hit_at = found[1]
+            fixed = respelled(text, lambda r: (k := first_key(r)) is not None and k[1] < hit_at)
+            if fixed is not None:
+                text, found = fixed, first_key(fixed)
         hit = None
         if found is not None:
             key, hit = found
@@ -608,7 +618,7 @@ class Classifier:
             self._stray = self._stray and not text.startswith(key)
         if hit is None:
             if _EXC.match(text) or (self._ends_traceback and _NAMED_EXC.match(text)):
-                self._unrecognised(text, level, rank)
+                self._unrecognised(text, level, rank, retyped=cap == _RETYPED)
             return
         keys, kind, prio, extract = _RULES[hit]
         if level == _RAW and any(k in text for k in RAISED_ONLY) and not _RAISED.search(text):
@@ -646,7 +656,10 @@ class Classifier:
         self._pydantic = "validation error for" in text
         self._offer(prio, kind, text, numbers, phase, placed)
 
-    def _unrecognised(self, text: str, level: int, rank: int | None) -> None:
+    def _unrecognised(self, text: str, level: int, rank: int | None, retyped: bool = False) -> None:
+        if not retyped and (fixed := respelled(text, first_key)) is not None:
+            self._check(fixed, level, rank, cap=_RETYPED)   # a message retyped with a typo or two: as vLLM spells it
+            return
         if (text.startswith(COLLATERAL_ERRORS) or self._request or self._stopping
                 or any(e in text for e in REQUEST_ERRORS)):
             return   # the echo of a peer that died, or one request's error: never a root cause
@@ -795,6 +808,11 @@ def _whole(piece: str, text: str) -> bool:
 
 _OOM_KINDS = frozenset({Kind.OOM_WEIGHTS, Kind.OOM_PROFILE, Kind.OOM_CUDAGRAPH, Kind.OOM_RUNTIME})
 _SOURCE = 20          # a `raise` source line of a traceback cut off before its exception line
+#: the phase a failure's message is only ever printed in (vLLM sizes the KV cache, checks the length against the
+#: model's, in one place): where a paste shows nothing else (a line retyped alone, the last lines only)
+_SAID_IN = {Kind.KV_CACHE_INSUFFICIENT: "kv_cache", Kind.NO_KV_CACHE_MEMORY: "kv_cache",
+            Kind.MAX_LEN_EXCEEDS_MODEL: "config"}
+_RETYPED = 99         # (no cap: the mark of a line read again respelled, never respelled twice)
 
 
 def classify(lines: Iterable[str | bytes], exit_code: int | None = None) -> Diagnosis:

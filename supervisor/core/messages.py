@@ -681,3 +681,76 @@ VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
         "Initializing a V0 LLM engine", "Initializing an LLM engine", "ValueError", "RuntimeError", "KeyError",
         "AssertionError", "TypeError", "OSError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
         "AttributeError", "EngineCore", "EngineCore_DP0", "APIServer", "Worker_TP", "VllmWorker"]))
+
+
+# --------------------------------------------------------------------------- a message retyped with typos
+def _message_words() -> dict[str, str]:
+    """The words of vLLM's messages the rules read (the phrases of :data:`VOCABULARY` and the literal words of
+    the number extractors' patterns), by their lower case: four letters or more."""
+    texts = list(VOCABULARY) + [v.pattern for v in globals().values() if isinstance(v, re.Pattern)]
+    words: dict[str, str] = {}
+    for text in texts:
+        for w in re.findall(r"(?<![\\A-Za-z])[A-Za-z]{4,}", text):
+            # (a plain spelling, "failed" or "Failed", over a shout's "FAILED": a typed word's case is put on it)
+            if w.lower() not in words or w[1:].islower() and not words[w.lower()][1:].islower():
+                words[w.lower()] = w
+    return words
+
+
+_MESSAGE_WORDS = _message_words()
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_TYPED_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{4,24}(?![A-Za-z])")   # (a word of vLLM's is no longer)
+_RESPELL_MAX = 2000       # characters of a line read for typos: a message is shorter
+
+
+def _one_edit(word: str) -> set[str]:
+    """Every string one edit from ``word`` (a letter dropped, doubled or swapped with the next, one
+    changed, one added): the typos a person makes retyping a line."""
+    cuts = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    return ({a + b[1:] for a, b in cuts if b}
+            | {a + b[1] + b[0] + b[2:] for a, b in cuts if len(b) > 1}
+            | {a + c + b[1:] for a, b in cuts if b for c in _LETTERS}
+            | {a + c + b for a, b in cuts for c in _LETTERS})
+
+
+def respelled(text: str, matches: Any = None) -> str | None:
+    """``text`` with each word one typo away from vLLM's message words (and none of them itself) spelled as vLLM
+    spells it, or None where no word changed. A word one typo from several is tried as each (at most
+    :data:`_RESPELLINGS` readings in all), the first reading ``matches`` accepts kept (by default any). Tried only
+    on lines a person may have typed (a message retyped from a screenshot: "is larger then the maximum ...
+    stored in KV cashe"), and kept only where a rule's key then matches, so a word of the reporter's own is
+    never what decides."""
+    if len(text) > _RESPELL_MAX:
+        return None
+    pieces: list[str | list[str]] = []
+    last = 0
+    choices = 1
+    for m in _TYPED_WORD.finditer(text):
+        low = m.group(0).lower()
+        if low in _MESSAGE_WORDS:
+            continue
+        near = sorted(_one_edit(low) & _MESSAGE_WORDS.keys())
+        if near and choices * len(near) <= _RESPELLINGS:
+            choices *= len(near)
+            pieces += [text[last:m.start()], [_as_typed(m.group(0), _MESSAGE_WORDS[w]) for w in near]]
+            last = m.end()
+    if not pieces:
+        return None
+    pieces.append(text[last:])
+    readings = [""]
+    for piece in pieces:
+        readings = [r + p for r in readings for p in ([piece] if isinstance(piece, str) else piece)]
+    return next((r for r in readings if matches is None or matches(r)), None)
+
+
+_RESPELLINGS = 16
+
+
+def _as_typed(typed: str, word: str) -> str:
+    """``word`` in the case ``typed`` was typed in (lower, capitalised, all capitals) where vLLM writes it in one
+    of those; a word vLLM writes otherwise ("EngineCore", "CUDA") as vLLM writes it."""
+    if not (word[1:].islower() or word.isupper() and len(word) > 1 and typed.isupper()):
+        return word
+    if typed.isupper():
+        return word.upper()
+    return word.capitalize() if typed[0].isupper() else word.lower()

@@ -309,3 +309,30 @@ def test_a_paste_of_two_attempts_reports_the_last_and_says_so(capsys: pytest.Cap
     assert "kv_cache_insufficient" in out[0]
     assert "The last of 2 launches in the log; the one before: config_error." in out[1]
     assert any(line.startswith("  relaunch: --max-model-len 41840") for line in out), out
+
+
+_AUTO_FIT = [
+    "(APIServer pid=1) INFO 06-03 22:15:20 [api_server.py:1] vLLM API server version 0.24.0",
+    "(EngineCore pid=9) INFO 06-03 22:15:38 [kv_cache_utils.py:1954] Auto-fit max_model_len: reduced from 32768 to "
+    "{chosen} to fit in available GPU memory (0.06 GiB available for KV cache)",
+    "(APIServer pid=1) INFO:     Application startup complete.",
+]
+
+
+@pytest.mark.parametrize(("chosen", "flags", "kind"), [
+    (1744, [], "kv_cache_insufficient"),             # below the floor (--min-model-len, 2048 by default)
+    (8192, [], "healthy"),
+    (1744, ["--flags", "--max-model-len auto --enforce-eager"], "kv_cache_insufficient"),
+    (8192, ["--flags", "--max-model-len 4096"], "healthy"),   # (not auto: no choice of vLLM's to hold)
+])
+def test_a_launch_whose_log_shows_vllms_auto_fit_choice_is_held_to_the_floor_as_the_daemon_holds_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, chosen: int, flags: list[str], kind: str) -> None:
+    """vLLM prints its auto-fit choice only for --max-model-len auto: a log that shows it ran so, and the choice
+    below the guard's floor is a KV cache too small, though vLLM served (found: a laptop served 1744 tokens)."""
+    log = tmp_path / "auto.log"
+    log.write_text("\n".join(_AUTO_FIT).replace("{chosen}", str(chosen)) + "\n")
+    assert _run(["--json", *flags, str(log)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == kind, out
+    if kind == "kv_cache_insufficient":
+        assert out["numbers"]["fit_max_model_len"] == chosen and out["phase"] == "kv_cache"

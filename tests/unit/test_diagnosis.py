@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -1248,3 +1250,29 @@ def test_a_serving_time_wrapper_places_the_engines_death_in_serving_in_a_paste_c
     """No milestone and no frame in the paste, only what vLLM says once it serves: the engine died serving."""
     got = classify([wrapper], 1)
     assert got.kind is Kind.ENGINE_DEAD and got.phase == "serving", got
+
+
+# --------------------------------------------------------------------------- a message retyped with a typo
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+import vllm_logs as cat  # noqa: E402
+
+#: the catalogue's failures that vLLM raises, each with a word of six letters or more in its key
+_RAISED = [r for r in cat.messages() if r["level"].startswith("raise:") and r["role"] == "cause"
+           and r["kind"] not in ("oom", "cuda_error") and any(len(w) >= 6 for w in re.findall(r"[A-Za-z]+", r["match"]))]
+
+
+@given(row=st.sampled_from(_RAISED), data=st.data())
+@settings(max_examples=150, deadline=None)
+def test_a_failure_retyped_with_a_letter_dropped_from_its_key_keeps_its_kind(row: dict, data: st.DataObject) -> None:
+    """A person retyping vLLM's message (a screenshot, a session nothing can be copied out of) drops a letter:
+    "KV cashe", "is larger then". The line is still the failure it names (found: a retyped V0 KV cache error,
+    read as a failure no rule names)."""
+    words = [m for m in re.finditer(r"[A-Za-z]{6,}", row["example"]) if m.group(0) in row["match"]]
+    if not words:
+        return
+    word = data.draw(st.sampled_from(words), label="word")
+    at = data.draw(st.integers(min_value=1, max_value=len(word.group(0)) - 2), label="letter")
+    typed = row["example"][:word.start() + at] + row["example"][word.start() + at + 1:]
+    got = classify(["INFO 11-30 12:00:00 [api_server.py:1] vLLM API server version 0.9.2", typed], 1)
+    want = {"oom": "oom_weights"}.get(row["kind"], row["kind"])
+    assert got.kind.value == want, (typed, got)

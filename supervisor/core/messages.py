@@ -10,6 +10,7 @@ tested against (every failure message of vLLM 0.5 to 0.33, recognised and placed
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.core.diagnosis import Kind
@@ -701,6 +702,7 @@ _MESSAGE_WORDS = _message_words()
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _TYPED_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{4,24}(?![A-Za-z])")   # (a word of vLLM's is no longer)
 _RESPELL_MAX = 2000       # characters of a line read for typos: a message is shorter
+_RESPELLINGS = 16         # the readings of one line tried at most
 
 
 def _one_edit(word: str) -> set[str]:
@@ -713,7 +715,7 @@ def _one_edit(word: str) -> set[str]:
             | {a + c + b for a, b in cuts for c in _LETTERS})
 
 
-def respelled(text: str, matches: Any = None) -> str | None:
+def respelled(text: str, matches: Callable[[str], object] | None = None) -> str | None:
     """``text`` with each word one typo away from vLLM's message words (and none of them itself) spelled as vLLM
     spells it, or None where no word changed. A word one typo from several is tried as each (at most
     :data:`_RESPELLINGS` readings in all), the first reading ``matches`` accepts kept (by default any). Tried only
@@ -741,9 +743,6 @@ def respelled(text: str, matches: Any = None) -> str | None:
     for piece in pieces:
         readings = [r + p for r in readings for p in ([piece] if isinstance(piece, str) else piece)]
     return next((r for r in readings if matches is None or matches(r)), None)
-
-
-_RESPELLINGS = 16
 
 
 def _as_typed(typed: str, word: str) -> str:

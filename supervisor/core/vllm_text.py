@@ -935,6 +935,7 @@ _IPY_HEADER = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?[ \t]{2,}Traceback \(mo
 _IPY_FRAME = re.compile(r"File (?P<path>\S+?\.pyx?):(?P<line>\d+), in (?P<name>[\w.<>]+)", re.I)
 _IPY_OLD = re.compile(r"(?P<path>(?:/|[A-Za-z]:\\|<ipython-input-)\S*?) in (?P<name>[\w<>]+)(?:\(|$)")
 _IPY_CELL = re.compile(r"(?:Cell|Input) In ?\[(?P<cell>\d*)\],? line (?P<line>\d+)", re.I)
+_IPY_MAX = 400       # the lines of one such traceback at most (a deep one with its source lines around each frame)
 _IPY_SOURCE = re.compile(r"[ \t]*(?:-*>[ \t]*)?\d+(?:[ \t](?P<src>.*))?")
 _QUOTE = re.compile(r"^(?:> ?)+")           # (a tab after a ">" is the text's own indentation)
 _WRAP_MIN, _WRAP_MAX = 40, 300   # the widths a hard-wrapped paste can have (a terminal, an editor, a mail)
@@ -1189,6 +1190,7 @@ class Normalizer:
         self._live = live
         self._ipython = False                       # inside IPython's rendering of a traceback (_from_ipython)
         self._ipy_lead = ""                         # ... the quote markers and indentation of its header
+        self._ipy_lines = 0                         # ... and its lines read so far
         self._shapes: Counter[str] = Counter()      # the shapes of the prefixes before vLLM's header ...
         self._prefix: re.Pattern[str] | None = None     # ... the one shown most: a carrier's, off every line
         self._prefix_widths: dict[int, tuple[int, int]] = {}   # ... how long it was on those lines: the spaces
@@ -1387,12 +1389,16 @@ class Normalizer:
         if not self._ipython:
             if _IPY_HEADER.fullmatch(stripped) is None and stripped.lower() != "traceback (most recent call last)":
                 return line              # (IPython's header has no colon: an editor's wrap may leave it alone)
-            self._ipython = True
+            self._ipython, self._ipy_lines = True, 0
             # (the paste's own indentation, as its header shows it, stays on every line read back)
             self._ipy_lead = lead + body[:len(body) - len(body.lstrip())]
             return self._ipy_lead + "Traceback (most recent call last):"
         if not stripped:
             return None
+        self._ipy_lines += 1
+        if self._ipy_lines > _IPY_MAX:
+            self._ipython = False        # no exception line came: a paste cut inside it, the rest read as it is
+            return line
         at = self._ipy_lead
         m = _IPY_FRAME.match(stripped) or _IPY_OLD.match(stripped)
         if m is not None:
@@ -1598,8 +1604,8 @@ class Normalizer:
         stamp = None
         if bare is not None:
             self.carriers[LEARNT.name] += 1
-            # a console's columns in an order no listed carrier's is (its level before its time: a cloud
-            # console's "SEVERITY TIMESTAMP SUMMARY"): its time stamp orders the entries all the same
+            # a console's columns in an order no listed carrier's is: its time stamp orders the entries all the
+            # same (a console that lists newest first, whatever else its prefix holds)
             found = _PREFIX_STAMP.search(p.text, 0, len(p.text) - len(bare))
             stamp = found.group(0) if found else None
             if p.carriers:

@@ -935,6 +935,7 @@ _IPY_HEADER = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?[ \t]{2,}Traceback \(mo
 _IPY_FRAME = re.compile(r"File (?P<path>\S+?\.pyx?):(?P<line>\d+), in (?P<name>[\w.<>]+)", re.I)
 _IPY_OLD = re.compile(r"(?P<path>(?:/|[A-Za-z]:\\|<ipython-input-)\S*?) in (?P<name>[\w<>]+)(?:\(|$)")
 _IPY_CELL = re.compile(r"(?:Cell|Input) In ?\[(?P<cell>\d*)\],? line (?P<line>\d+)", re.I)
+_IPY_LEAD = re.compile(r"[ \t]*(?:>[ \t]?)*")     # what stands before its lines: a quote's markers, indentation
 _IPY_MAX = 400       # the lines of one such traceback at most (a deep one with its source lines around each frame)
 _IPY_SOURCE = re.compile(r"[ \t]*(?:-*>[ \t]*)?\d+(?:[ \t](?P<src>.*))?")
 _QUOTE = re.compile(r"^(?:> ?)+")           # (a tab after a ">" is the text's own indentation)
@@ -1383,8 +1384,9 @@ class Normalizer:
         or None for one of its blank lines between frames (none of Python's: a traceback's lines are one block):
         read from its header to its exception line (or a record of vLLM's); a line that is neither, nor one
         of its frames or numbered source lines (a wrap's piece of one), is left as it is."""
-        quote = _QUOTE.match(line)
-        lead, body = (line[:quote.end()], line[quote.end():]) if quote else ("", line)
+        m = _IPY_LEAD.match(line)                # (a quote's markers, indented or not)
+        k = m.end() if m else 0
+        lead, body = line[:k], line[k:]
         stripped = body.strip()
         if not self._ipython:
             if _IPY_HEADER.fullmatch(stripped) is None and stripped.lower() != "traceback (most recent call last)":

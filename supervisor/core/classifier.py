@@ -72,6 +72,7 @@ from supervisor.core.messages import (
     REQUEST_FRAMES,
     REQUEST_LOGS,
     RUNTIME_MARKERS,
+    SAMPLER_FRAMES,
     SERVING_FRAMES,
     STOP_PREFIXES,
     TORCH_CAPTURE_FRAMES,
@@ -709,7 +710,9 @@ class Classifier:
         log, move an OOM placed by a milestone or by nothing to serving: :meth:`_verdict`.)"""
         if "not enough GPU memory" in text or "linear weights" in text or "allocate the weight" in text:
             return Kind.OOM_WEIGHTS, "loading", "message"
-        sampler = "warming up" in text          # the sampler/pooler warm-up: profiling, or after capture
+        # the sampler/pooler warm-up: profiling, or after capture (its message says so, or its frame is the deepest
+        # known: the milestones say which)
+        sampler = "warming up" in text or (not self._frame_strong and self._frame_at[0] in SAMPLER_FRAMES)
         if self._serving:
             where, placed = "serving", "serving"
         elif self._frame_serving:

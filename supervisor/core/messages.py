@@ -639,8 +639,9 @@ ENGINE_FILES = (("/vllm/v1/", "v1"), ("/vllm/worker/worker.py", "v0"), ("/vllm/w
                 ("/vllm/engine/async_llm_engine.py", "v0"), ("/vllm/engine/llm_engine.py", "v0"),
                 ("/vllm/engine/multiprocessing/", "v0"), ("/vllm/worker/cache_engine.py", "v0"))
 #: Frames that place a failure only when no frame above them in the traceback did.
-_WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | {
-    "_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"}
+#: the sampler's (pooler's) warm-up with dummy requests: run while profiling and again after capture
+SAMPLER_FRAMES = frozenset({"_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"})
+_WEAK_FRAMES = frozenset(k for k, v in _FRAME_PHASE.items() if v == "serving") | SAMPLER_FRAMES
 #: Frames whose call runs other phases of the start-up than the one it is named for: the function, the part of its
 #: file's path that says which (a name other files use too), the earliest phase it can be in and the latest (none:
 #: any, before serving). V0's worker ``initialize_cache`` allocates the KV cache, then warms the model up and

@@ -204,6 +204,22 @@ def test_sampler_warm_up_oom_is_the_profiles_wherever_it_runs() -> None:
     assert classify(frames + [msg], 1).phase == "profiling"
 
 
+@pytest.mark.parametrize(("milestone", "phase"), [
+    ("Model loading took 14.25 GiB", "profiling"),
+    ("Graph capturing finished in 5 secs, took 0.3 GiB", "warmup"),
+])
+@pytest.mark.parametrize("frame", ["_dummy_sampler_run", "_dummy_pooler_run"])
+def test_a_torch_oom_whose_deepest_known_frame_is_the_samplers_warm_up_is_placed_by_the_milestones(
+        milestone: str, phase: str, frame: str) -> None:
+    """PyTorch's own OOM inside the sampler's dummy run (its frames from the dummy run down, the caller's in the
+    traceback vLLM chains after it): the dummy run is profiling's and the warm-up's after capture, so the
+    milestones say which (found: an OOM after capture read as the profile's)."""
+    got = classify([f"INFO 09-20 10:00:01 [x.py:1] {milestone}", "Traceback (most recent call last):",
+                    _frame(frame), _frame("forward_native", "/x/vllm/v1/sample/ops/topk_topp_sampler.py"),
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1002.00 MiB."], 1)
+    assert (got.kind, got.phase) == (Kind.OOM_PROFILE, phase), got
+
+
 def test_non_oom_failure_during_capture_is_a_capture_failure() -> None:
     lines = ["Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  10%|█         | 7/67", "Traceback (most recent call last):",
              _frame("capture_model"), "AssertionError: some shape mismatch"]

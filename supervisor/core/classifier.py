@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from supervisor.core import exits
@@ -609,7 +609,7 @@ class Classifier:
             # a line typed by a person (no header of vLLM's): a typo in a rule's key leaves a less specific one
             # to match ("Cnnot auto-fit max_model_len: not enough GPU memory ..."); as vLLM spells it, the first
             hit_at = found[1]
-            fixed = respelled(text, lambda r: (k := first_key(r)) is not None and k[1] < hit_at)
+            fixed = self._respelled(text, lambda r: (k := first_key(r)) is not None and k[1] < hit_at)
             if fixed is not None:
                 text, found = fixed, first_key(fixed)
         hit = None
@@ -658,7 +658,7 @@ class Classifier:
         self._offer(prio, kind, text, numbers, phase, placed)
 
     def _unrecognised(self, text: str, level: int, rank: int | None, retyped: bool = False) -> None:
-        if not retyped and (fixed := respelled(text, first_key)) is not None:
+        if not retyped and (fixed := self._respelled(text, first_key)) is not None:
             self._check(fixed, level, rank, cap=_RETYPED)   # a message retyped with a typo or two: as vLLM spells it
             return
         if (text.startswith(COLLATERAL_ERRORS) or self._request or self._stopping
@@ -682,6 +682,16 @@ class Classifier:
         elif not self._exc_after_wrapper or _whole(self._exc_after_wrapper, text[:_KEEP]):
             self._exc_after_wrapper = text[:_KEEP]
             self._exc_phase = self._exc_phase or self._place()
+
+    def _respelled(self, text: str, matches: Callable[[str], object]) -> str | None:
+        """:func:`~supervisor.core.messages.respelled`; where no reading matches as typed, its readings with vLLM's
+        case given back to its phrases as the normaliser gives it (a line typed in lower case: the rules' keys are
+        matched as vLLM prints them)."""
+        fixed = respelled(text, matches)
+        if fixed is not None:
+            return fixed
+        fixed = respelled(text, lambda r: matches(self._text.recased(r)))   # (its phrases retyped in lower case)
+        return None if fixed is None else self._text.recased(fixed)
 
     def _in_capture(self) -> bool:
         if self._serving or self._frame_serving:

@@ -667,7 +667,7 @@ VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
     [k for rule in _RULES for k in rule[0]] + [k for rule in _WARN_RULES for k in rule[0]]
     + [k for rule in _INFO_RULES for k in rule[0]] + [p for p, _ in _MILESTONES] + list(STOP_PREFIXES)
     + list(RUNTIME_MARKERS) + list(REQUEST_ERRORS) + list(COLLATERAL_ERRORS) + list(_SERVING_PREFIXES)
-    + list(OFFLINE_PROGRESS)
+    + list(OFFLINE_PROGRESS) + list(BROKEN_PLATFORM) + list(BROKEN_KERNELS)
     + [  # the phrases the number extractors and the traceback reader look for
         "Traceback (most recent call last)", "During handling of the above exception", "The above exception",
         "(most recent call first)", "Current thread", "Thread 0x", "Fatal Python error", "KeyboardInterrupt",

@@ -1240,6 +1240,10 @@ class Normalizer:
         name, count = self.carriers.most_common(1)[0]
         return name if self._live or count * 10 >= self._paste_lines else None
 
+    def recased(self, text: str) -> str:
+        """``text`` with vLLM's case given back to the phrases the rules know (a line retyped in lower case)."""
+        return self._recase.phrases(text)
+
     @property
     def wrap_width(self) -> int | None:
         """The width the log was hard-wrapped at, once known (the paste's own: without the indentation of a

@@ -75,9 +75,11 @@ FIXTURES = _fixtures()
 #: saved logs that are pastes already (wrapped by a terminal, or with their line breaks lost): a carrier
 #: ships whole lines, not a paste's pieces, and a terminal wraps lines, not a paste of them
 PRE_WRAPPED = {c.name for c in FIXTURES if any(w in c.name for w in ("wrap", "single-line", "indented", "quote"))
-               or c.name.startswith("carriers/")}       # (shipped already: a CRI file is not shipped in a CRI file)
+               or c.name.startswith(("carriers/", "pastes/"))}   # (shipped already: a CRI file is not shipped in
+#                                                                             a CRI file; a paste is not pasted again)
 #: ... and pastes quoted or indented already (a quote of a quote is another paste)
-PRE_QUOTED = {c.name for c in FIXTURES if any(w in c.name for w in ("indented", "quote"))}
+PRE_QUOTED = {c.name for c in FIXTURES
+              if any(w in c.name for w in ("indented", "quote")) or c.name.startswith("pastes/")}
 FIXTURE_FAILURES = [c for c in FIXTURES if c.kind not in NOT_FAILURES]
 FIXTURE_HEALTHY = [c for c in FIXTURES if c.kind == "healthy"]
 #: ... and those of a start-up cut short before it served (by the log's end, or by a signal)
@@ -927,7 +929,8 @@ def test_the_shells_note_is_its_own_line_after_one_exactly_as_wide_as_the_wrap()
 
 # --------------------------------------------------------------------------- the medium, undone
 #: every line of every catalogue log and saved log (vLLM's own text, tqdm's bars, the shell's notes, ...)
-_ALL_LINES = sorted({ln for case in CASES + FIXTURES for ln in case.lines})
+# (what vLLM prints: not the pastes written blind, whose prose a person typed)
+_ALL_LINES = sorted({ln for case in CASES + FIXTURES if not case.name.startswith("pastes/") for ln in case.lines})
 
 
 def _typographer_loses(line: str) -> str:

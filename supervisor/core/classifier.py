@@ -684,14 +684,12 @@ class Classifier:
             self._exc_phase = self._exc_phase or self._place()
 
     def _respelled(self, text: str, matches: Callable[[str], object]) -> str | None:
-        """:func:`~supervisor.core.messages.respelled`; where no reading matches as typed, its readings with vLLM's
-        case given back to its phrases as the normaliser gives it (a line typed in lower case: the rules' keys are
-        matched as vLLM prints them)."""
-        fixed = respelled(text, matches)
-        if fixed is not None:
-            return fixed
-        fixed = respelled(text, lambda r: matches(self._text.recased(r)))   # (its phrases retyped in lower case)
-        return None if fixed is None else self._text.recased(fixed)
+        """:func:`~supervisor.core.messages.respelled`, a reading that matches only with vLLM's case given back to
+        its phrases as the normaliser gives it (a line typed in lower case: the rules' keys are matched as vLLM
+        prints them) given back so."""
+        # (one pass over its words: each reading tried as typed, then with its phrases in vLLM's case)
+        fixed = respelled(text, lambda r: matches(r) or matches(self._text.recased(r)))
+        return fixed if fixed is None or matches(fixed) else self._text.recased(fixed)
 
     def _in_capture(self) -> bool:
         if self._serving or self._frame_serving:

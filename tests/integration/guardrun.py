@@ -164,6 +164,22 @@ def marked(state_dir: Path | None = None) -> list[psutil.Process]:
     return out
 
 
+def kill_tree(pid: int, timeout: float = 30) -> None:
+    """SIGKILL ``pid`` and its descendants and reap them; a process that has already gone is skipped
+    (a child may exit between being listed and being signalled)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=timeout)
+
+
 def kill_marked(state_dir: Path) -> None:
     for p in marked(state_dir):
         try:

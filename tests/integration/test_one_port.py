@@ -15,8 +15,7 @@ import subprocess
 import sys
 
 import httpx
-import psutil
-from guardrun import FAKE, LLAMA8B, ROOT
+from guardrun import FAKE, LLAMA8B, ROOT, kill_tree
 
 
 def test_a_second_guard_that_waited_its_turn_checks_the_port_again_and_refuses_naming_the_first(run, tmp_path):
@@ -72,8 +71,5 @@ def test_a_probe_answered_by_another_vllm_on_the_port_is_not_healthy(run, tmp_pa
                           json={"model": "fake/model", "max_tokens": 1,
                                 "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
     finally:
-        tree = [psutil.Process(other.pid), *psutil.Process(other.pid).children(recursive=True)]
-        for p in tree:
-            p.kill()
-        psutil.wait_procs(tree, timeout=30)
+        kill_tree(other.pid)
         log.close()

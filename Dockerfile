@@ -20,7 +20,7 @@
 
 # A released vLLM image: the newest vLLM whose rules and options the guard knows (core/vllm.py's
 # NEWEST; a test holds the two together). The guard reads vLLM's version and adapts to any other tag.
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.34.0
 FROM ${VLLM_IMAGE}
 
 LABEL org.opencontainers.image.title="vllm-guard" \

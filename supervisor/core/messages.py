@@ -340,7 +340,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "XPU out of memory", "not enough GPU memory", "insufficient memory to allocate the weight",
       "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
       "DefaultCPUAllocator: can't allocate memory", "Tried to allocate", "hipErrorOutOfMemory",
-      "PT_DEVMEM Allocation failed", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"),
+      "PT_DEVMEM Allocation failed", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
+      "GPU driver error 2: out of memory"),   # the extensible KV cache's VMM commit (0.34+), past PyTorch
      _OOM, 30, _oom_numbers),
     (("is greater than the derived max_model_len",), Kind.MAX_LEN_EXCEEDS_MODEL, 30, _len_numbers),
     (("unrecognized arguments:", "error: argument ", "invalid choice:", "the following arguments are required",
@@ -363,7 +364,8 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "Address already in use", "address already in use",
       # a broken installation: no relaunch can fix it
       "ModuleNotFoundError: No module named", "cannot open shared object file", "undefined symbol:",
-      "DLL load failed",
+      "DLL load failed", "model runner requires Triton", "Model Runner V2 requires Triton",
+      "enable_extensible_kv_cache: ",   # 0.34: the extensible KV cache refused with another option
       "is not loaded in the current process", "Failed to load NCCL library", "DeepGEMM backend is",
       "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
       "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
@@ -522,13 +524,16 @@ _MILESTONES: tuple[tuple[str, str], ...] = (
     ("# CPU blocks", "kv_cache"),
     ("GPU KV cache size", "kv_cache"), ("GPU + host KV cache size", "kv_cache"),
     ("CPU KV cache size", "kv_cache"), ("Maximum concurrency for", "kv_cache"),
-    ("Auto-fit max_model_len", "kv_cache"),
+    ("Auto-fit max_model_len", "kv_cache"), ("--max-model-len auto reduced max_model_len from", "kv_cache"),
+    # the extensible KV cache (0.34+) commits its pages after warm-up and capture
+    ("Extended KV cache to", "kv_cache"),
     ("Capturing the model for CUDA graphs", "cudagraph"), ("Capturing cudagraphs", "cudagraph"),
     ("Capturing CUDA graph", "cudagraph"), ("CUDA graphs can take additional", "cudagraph"),
     ("If out-of-memory error occurs during cudagraph capture", "cudagraph"),
     # V1 warms kernels up before it captures (compile sizes, JIT kernels, DeepGEMM, FlashInfer autotune)
     ("Compile and warming up model for size", "warmup"), ("JIT kernel warmup", "warmup"),
     ("Running FlashInfer", "warmup"), ("DeepGEMM warmup", "warmup"), ("Skipping CUDA graph capture", "warmup"),
+    ("Skipping encoder and decoder CUDA graph capture", "warmup"), ("Memory after warmup", "warmup"),
     ("Graph capturing finished", "warmup"), ("CUDA graph pool memory", "warmup"),
     ("init engine (profile", "api_starting"), ("Started server process", "api_starting"),
     ("Waiting for application startup", "api_starting"), ("Available routes are", "api_starting"),
@@ -554,7 +559,7 @@ _SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request",
 OFFLINE_PROGRESS = ("Processed prompts:", "Adding requests:")
 
 # Traceback frame names -> the start-up phase the failure happened in (tests/fixtures/catalogue/frames.tsv:
-# every function vLLM 0.5-0.33 defines for a phase). The deepest known frame wins, except the *weak*
+# every function vLLM 0.5-0.34 defines for a phase). The deepest known frame wins, except the *weak*
 # frames, which place a failure only when nothing above them in the same traceback did: the serving
 # loop's frames (V0's profile_run calls execute_model) and the sampler warm-up (run by profile_run
 # while profiling and by compile_or_warm_up_model after capture). Frames every start-up traceback
@@ -587,14 +592,17 @@ _FRAME_PHASE = {
                      "get_kv_cache_config_from_groups", "_get_kv_cache_config_uniform_type",
                      "_get_kv_cache_config_uniform_page_size", "check_enough_kv_cache_memory",
                      "_check_enough_kv_cache_memory", "estimate_max_model_len", "_auto_fit_max_model_len",
-                     "update_kv_cache_capacity", "init_cache_engine"), "kv_cache"),
+                     "update_kv_cache_capacity", "init_cache_engine", "init_kv_cache",
+                     # the extensible KV cache (0.34+): sized again and committed after warm-up and capture
+                     "finalize_extensible_kv_cache", "shrink_kv_cache_configs", "extend_kv_cache"), "kv_cache"),
     # capture; profile_cudagraph_memory (0.18+) captures graphs to measure them while profiling
     **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "capture_graph", "_capture_graph",
                      "capture_begin", "capture_end", "profile_cudagraph_memory"), "cudagraph"),
     **dict.fromkeys(("compile_or_warm_up_model", "_compile_or_warm_up_model", "_warm_up_model", "warm_up_model",
                      "kernel_warmup", "deep_gemm_warmup", "_deepgemm_fp8_gemm_nt_warmup",
                      "_deepgemm_grouped_fp8_gemm_nt_contiguous_warmup", "flashinfer_autotune",
-                     "_run_flashinfer_autotune_dummy_runs", "_warmup_bf16x3_router_gemm"), "warmup"),
+                     "_run_flashinfer_autotune_dummy_runs", "_warmup_bf16x3_router_gemm",
+                     "run_kv_cache_sizing_warmup", "warmup_kernels"), "warmup"),
     **dict.fromkeys(("_dummy_sampler_run", "_dummy_pooler_run", "_dummy_pooler_run_task"), "profiling"),
     **dict.fromkeys(("execute_model", "step", "run_busy_loop", "_process_engine_step", "step_with_batch_queue",
                      "engine_step", "run_engine_loop", "execute_model_async", "_process_input_queue", "sample_tokens",

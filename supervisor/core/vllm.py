@@ -20,7 +20,7 @@ from supervisor.core.units import GiB
 Version = tuple[int, int, int]
 
 #: The newest vLLM whose rules this table knows; an unknown version is planned with these.
-NEWEST: Version = (0, 33, 0)
+NEWEST: Version = (0, 34, 0)
 
 #: First version of the V1 engine as the default (``VLLM_USE_V1``); before it, V0's profiler.
 V1_SINCE: Version = (0, 8, 0)
@@ -367,7 +367,7 @@ def fp8_kv_supported(cc: tuple[int, int], vllm_version: str | None, mla: bool = 
         return True
     if ver < (0, 33, 0):
         return cc >= (8, 9)                  # Triton/FA3 need native e4m3 (Ampere fails)
-    return cc >= (8, 0)                      # 0.33: FlashInfer covers sm80+
+    return cc >= (8, 0)                      # 0.33+: FlashInfer covers sm80+
 
 
 # -- flags added and removed ------------------------------------------------------------------

@@ -34,6 +34,8 @@ from pathlib import Path
 
 CATALOGUE = Path(__file__).resolve().parents[1] / "fixtures" / "catalogue"
 SITE = "/usr/local/lib/python3.12/dist-packages/"
+#: the newest vLLM the catalogue was read from
+NEWEST = "0.34.0"
 TS = "11-30 12:00:00"
 PIDS = {"api": 2817, "engine": 3120, "worker": 3301}
 
@@ -41,7 +43,11 @@ PHASE_ORDER = ["config", "engine_init", "loading", "profiling", "kv_cache", "cud
                "serving"]
 #: call paths (chains.tsv) -> the start-up phase they belong to
 PHASE_OF = {"kv_cache_alloc": "kv_cache", "profiling_sampler": "profiling", "warmup_sampler": "warmup",
-            "loading_repack": "loading", "profiling_mm": "profiling"}
+            "loading_repack": "loading", "profiling_mm": "profiling", "kv_cache_final": "kv_cache",
+            "kv_cache_refit": "kv_cache", "kv_cache_commit": "kv_cache"}
+#: call paths that size the KV cache again after warm-up and capture (the extensible KV cache, 0.34+): the
+#: start-up printed every milestone up to the end of warm-up before them
+AFTER_WARMUP = ("kv_cache_final", "kv_cache_refit", "kv_cache_commit")
 #: where an out-of-memory error in each phase sends the guard (see docs/failure-catalogue.md)
 OOM_KIND = {"config": "oom_weights", "engine_init": "oom_weights", "loading": "oom_weights",
             "profiling": "oom_profile", "kv_cache": "oom_profile", "cudagraph": "oom_cudagraph",
@@ -51,7 +57,8 @@ ANY = ["loading", "loading_repack", "profiling", "profiling_mm", "kv_cache_alloc
 #: the packages beside vLLM whose texts are rows (their source is no vLLM file)
 OTHER_PACKAGES = ("torch", "huggingface", "transformers", "uvicorn", "pydantic", "argparse", "socket", "ray")
 #: versions tried for a third-party text that every version can print
-REPRESENTATIVE = ["0.5.0", "0.5.5", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.10.2", "0.14.1", "0.20.2", "0.33.0"]
+REPRESENTATIVE = ["0.5.0", "0.5.5", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.10.2", "0.14.1", "0.20.2", "0.33.0",
+                  "0.34.0"]
 #: wrappers whose own text quotes their root cause (so a root cause printed before them is not the only one)
 QUOTES_ROOT = {"worker_failed_with_error@0.8.4", "worker_failed_with_error@0.8.5.post1", "v0_engine_loop_dead@0.6.2b"}
 #: a root cause no rule names, for the wrappers that say "see the root cause above"
@@ -241,6 +248,10 @@ def milestone(base: str, v: str, proc: str, want: str | None = None) -> list[str
 
 def milestones(v: str, upto: str) -> list[str]:
     """The milestone lines of a start-up that reached ``upto`` (a failure happens while in it)."""
+    if upto in AFTER_WARMUP:
+        # warmed up (V1 warms up before it captures), captured, then measured what is left for the KV cache
+        return (milestones(v, "cudagraph") + milestone("m_capture_done", v, "engine")
+                + milestone("m_memory_after_warmup", v, "worker"))
     ph = PHASE_OF.get(upto, upto)
     k = PHASE_ORDER.index(ph)
     out: list[str] = []
@@ -259,7 +270,7 @@ def milestones(v: str, upto: str) -> list[str]:
         out += milestone("m_world_size_rank", v, eng)
     if k == 1:
         return out
-    out += milestone("m_start_load", v, eng)
+    out += milestone("m_start_load", v, eng) or milestone("m_loading_from_scratch", v, eng)
     out += milestone("m_load_shards", v, eng, want="safetensors")
     if k == 2:
         return out
@@ -464,7 +475,7 @@ def versions_of(r: dict) -> list[str]:
     first, last = r["first_version"], r["last_version"]
     if first.startswith("pre-"):
         return ["0.5.0"]
-    if first == "0.5.0" and last == "0.33.0" and r["source"].startswith(OTHER_PACKAGES):
+    if first == "0.5.0" and last == NEWEST and r["source"].startswith(OTHER_PACKAGES):
         return REPRESENTATIVE
     return sorted({first, last}, key=vkey)
 
@@ -516,7 +527,7 @@ def cases(r: dict) -> list[Case]:
         for chain in chains_of(r, v):
             for proc in procs:
                 if proc == "worker" and r["process"] != "worker" and (chain == "serving" or v not in ("0.6.6.post1", "0.10.2",
-                                                                                                      "0.33.0")):
+                                                                                                      NEWEST)):
                     continue   # the TP-worker variants of the rows printed by any process: three versions
                 out += _cases_at(r, v, chain, proc)
     return out

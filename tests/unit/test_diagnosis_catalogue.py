@@ -1,6 +1,6 @@
 """The catalogue of vLLM's own messages (``tests/fixtures/catalogue``) is the classifier's specification.
 
-``messages.tsv`` holds every message vLLM 0.5 to 0.33 prints that ends or marks a start-up, read from
+``messages.tsv`` holds every message vLLM 0.5 to 0.34 prints that ends or marks a start-up, read from
 vLLM's source, with the versions it appears in; ``frames.tsv`` the functions of each start-up
 phase; ``chains.tsv`` each phase's call path per version. For every failure row, a short log is built
 the way that version prints it (``tests/fakes/vllm_logs.py``: its milestones, the traceback through

@@ -1212,7 +1212,7 @@ def test_a_wrapped_paste_a_rich_text_editor_escaped_is_read_back_on_every_piece(
     """A rich-text editor escaped the whole paste (``\\_``, ``\\*``, ``\\\\``), then it was wrapped: a wrap's piece of
     a line shows an escape before ``_`` or ``*`` or not, and the paste's JSON lines hold backslashes of their own
     (found: a JSON line's pieces with no ``\\_`` kept their doubled backslashes, the object no JSON)."""
-    case = next(c for c in FAILURES if c.name == "quant_scheme_capability@0.29.0@0.33.0/loading")
+    case = next(c for c in FAILURES if c.name == "quant_scheme_capability@0.29.0@0.34.0/loading")
     for wrap in (_wrap(60), _padded_wrap(73), _word_wrap(66, True, True)):
         _check_failure(case, [wrap, _carrier(carrier), _medium("markdown-escaped")])
 

@@ -433,6 +433,8 @@ class Classifier:
                 return   # INFO/DEBUG records never carry a failure
             pasted = True   # an argparse error glued to an INFO record (a paste without line breaks)
         if level == _WARN:
+            if not self._serving and text.startswith(_SERVING_PREFIXES):
+                self._serving, self._phase = True, _PHASE["serving"]    # V0's scheduler, with requests running
             self._check_warning(text, rank)
             return
         if text.startswith("    ") and len(text) < 300 and not _OOM_KILLED.search(text):

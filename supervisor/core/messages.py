@@ -366,6 +366,10 @@ _RULES: tuple[tuple[tuple[str, ...], Any, int, Any], ...] = (
       "ModuleNotFoundError: No module named", "cannot open shared object file", "undefined symbol:",
       "DLL load failed", "model runner requires Triton", "Model Runner V2 requires Triton",
       "enable_extensible_kv_cache: ",   # 0.34: the extensible KV cache refused with another option
+      # packages installed at versions that do not go together (a framework's pin on vLLM, a name that
+      # moved between releases): transformers' require_version, pkg_resources, an import of a missing name
+      "is required for a normal functioning of this module", "distribution was not found and is required by",
+      "VersionConflict", "ImportError: cannot import name", "No package metadata was found for",
       "is not loaded in the current process", "Failed to load NCCL library", "DeepGEMM backend is",
       "kv-cache on this device", "does not support FP8 KV cache", "does not yet support fp8 KV cache",
       "No valid attention backend found", "is not supported with --kv-cache-dtype", "Unknown kv cache dtype",
@@ -551,9 +555,11 @@ BROKEN_PLATFORM = ("No platform detected", "Failed to import from vllm._C")
 BROKEN_KERNELS = ("undefined symbol", "cannot open shared object file")
 _MILESTONE_PREFIXES = (tuple(p for p, _ in _MILESTONES) + ("Auto-fit", "args:", "vLLM Version:") + _COMMANDS
                        + _INFO_PREFIXES + STOP_PREFIXES + BROKEN_PLATFORM)
-#: Lines only a serving vLLM prints (its stats, a request's record): serving, even when the log's
-#: "Application startup complete." was not kept.
-_SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request", "Added request", "Finished request")
+#: Lines only a serving vLLM prints (its stats, a request's record, and V0's scheduler warnings about a
+#: running request: preempted for KV space, a prompt over the limit, a request failed for want of blocks):
+#: serving, even when the log's "Application startup complete." was not kept. Read at INFO and WARNING.
+_SERVING_PREFIXES = ("Engine 000:", "Avg prompt throughput", "Received request", "Added request", "Finished request",
+                     "Sequence group ", "Input prompt (", "Failing the request ")
 #: The progress bars of an offline run (`LLM.generate`/`chat`/`encode`, tqdm, no log prefix): the engine is up and
 #: generating, the offline run's serving.
 OFFLINE_PROGRESS = ("Processed prompts:", "Adding requests:")

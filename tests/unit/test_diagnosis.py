@@ -597,6 +597,51 @@ def test_runtime_ooms_are_placed_by_their_frames_and_context(name: str) -> None:
     assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
 
 
+#: V0's scheduler warns only about requests it is running (0.5-0.10, ``vllm/core/scheduler.py``): an excerpt of a
+#: run that keeps no start-up line is a serving run's
+_V0_SCHEDULER_WARNINGS = [
+    "WARNING 05-19 03:12:16 [scheduler.py:1769] Sequence group 6403 is preempted by PreemptionMode.RECOMPUTE mode "
+    "because there is not enough KV cache space. This can affect the end-to-end performance. Increase "
+    "gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. total_num_cumulative_preemption=7601",
+    "WARNING 05-19 03:12:17 [scheduler.py:1106] Input prompt (40123 tokens) is too long and exceeds limit of 32768",
+    "WARNING 05-19 03:12:18 [scheduler.py:867] Failing the request 7 because there's not enough kv cache blocks to "
+    "run the entire sequence.",
+]
+
+
+@pytest.mark.parametrize("warning", _V0_SCHEDULER_WARNINGS, ids=["preempted", "prompt too long", "request failed"])
+def test_v0_schedulers_warnings_about_running_requests_say_the_engine_serves(warning: str) -> None:
+    assert (classify([f"(WorkerDict pid=33871) {warning}"] * 3).kind) == Kind.HEALTHY
+    got = classify([warning, _OOM])      # an OOM no frame places, after them
+    assert (got.kind, got.phase) == (Kind.OOM_RUNTIME, "serving"), got
+
+
+#: Packages installed at versions that do not go together, in the words of the package that found it (a
+#: framework's pin on vLLM or its neighbours, a name that moved between releases): no relaunch fixes them
+_VERSION_CONFLICTS = [
+    # transformers.utils.versions.require_version (LLaMA-Factory, verl and others pin through it)
+    "ImportError: vllm>=0.4.3,<=0.8.5 is required for a normal functioning of this module, but found vllm==0.10.2.",
+    # pkg_resources (setuptools)
+    "pkg_resources.DistributionNotFound: The 'triton==3.1.0' distribution was not found and is required by torch",
+    "pkg_resources.VersionConflict: (torch 2.5.1 (/usr/local/lib/python3.10/dist-packages), "
+    "Requirement.parse('torch==2.4.0'))",
+    # importlib.metadata
+    "importlib.metadata.PackageNotFoundError: No package metadata was found for vllm",
+    # an import of a name the installed release does not have
+    "ImportError: cannot import name 'PoolingParams' from 'vllm' (/usr/local/lib/python3.10/dist-packages/vllm/__init__.py)",
+]
+
+
+@pytest.mark.parametrize("line", _VERSION_CONFLICTS,
+                         ids=["require_version", "DistributionNotFound", "VersionConflict", "no metadata",
+                              "cannot import name"])
+def test_packages_at_versions_that_do_not_go_together_are_a_broken_installation(line: str) -> None:
+    got = classify(["Traceback (most recent call last):", '  File "/app/src/train.py", line 12, in <module>',
+                    "    from vllm import LLM", line], 1)
+    assert got.kind == Kind.CONFIG_ERROR, got
+    assert got.evidence == line
+
+
 # --------------------------------------------------------------------------- each way an OOM is placed
 # One test per path, each built so that only that path can place the OOM right (the other paths are
 # absent from the log, or would place it elsewhere): removing the path fails its test.

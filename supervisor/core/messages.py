@@ -268,7 +268,8 @@ def _gpu_numbers(text: str) -> dict[str, Any]:
         return {"required_gpus": int(m.group(1))}
     m = _RX_PG_SPECS.search(text)
     if m:
-        count = len(re.findall(r"'[A-Z]PU': 1(?:\.0)?", m.group(1)))
+        # without blanks: a hard wrap re-joined with a space may have split a key ('GPU ': 1.0) or a number
+        count = len(re.findall(r"'[A-Z]PU':1(?:\.0)?", re.sub(r"\s+", "", m.group(1))))
         if count:
             return {"required_gpus": count}
     m = _RX_PG_GROUPS.search(text)

@@ -1337,3 +1337,17 @@ def test_a_failure_retyped_with_a_letter_dropped_from_its_key_keeps_its_kind(row
     got = classify(["INFO 11-30 12:00:00 [api_server.py:1] vLLM API server version 0.9.2", typed], 1)
     want = {"oom": "oom_weights"}.get(row["kind"], row["kind"])
     assert got.kind.value == want, (typed, got)
+
+
+@pytest.mark.parametrize("specs", ["{'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}",
+                                   "{'GPU ': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}",
+                                   "{'GPU': 1.0}, {' GPU': 1.0}, {'GPU': 1. 0}, {'GPU' : 1.0}"],
+                         ids=["as printed", "a key split by a wrap", "blanks a re-joined paste left"])
+def test_a_placement_groups_specs_count_its_gpus_whatever_blanks_a_paste_put_in_them(specs: str) -> None:
+    """Found by the paste compositions: a hard wrap re-joined with a blank inside ``'GPU'`` lost a GPU."""
+    line = (f"ValueError: Cannot provide a placement group of placement_group_specs=[{specs}] within 1800 seconds. "
+            "See `ray status` and `ray list nodes` to make sure the cluster has enough resources.")
+    got = classify(["Traceback (most recent call last):",
+                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/ray_utils.py", line 135, '
+                    "in _wait_until_pg_ready", line], 1)
+    assert (got.kind, got.numbers.get("required_gpus")) == (Kind.CONFIG_ERROR, 4), got

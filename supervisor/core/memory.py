@@ -591,6 +591,7 @@ BANDS: dict[str, tuple[float, float]] = {
     "v1-0.11": (0.10, 0.10),        # ten start-ups
     "v1-0.20": (0.25, 0.25),        # the graph estimate and the 14-byte sampler have no start-up
     "v1-0.27": (0.25, 0.25),
+    "v1-0.34x": (0.25, 0.25),       # the extensible KV cache: vLLM's formula read, no start-up yet
 }
 #: The band when the overhead was measured on this host (what vLLM printed): run-to-run noise.
 MEASURED_BAND = (0.02, 0.05)
@@ -669,7 +670,7 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
               chunked_prefill: bool = False, compute_capability: tuple[int, int] | None = None,
               quantization: str | None = None, mxfp4_backend: str | None = None, flashinfer: bool | None = None,
               cpu_offload_bytes: int = 0, measured_overhead_bytes: int | None = None,
-              measured_weights_bytes: int | None = None, driver: bool = True,
+              measured_weights_bytes: int | None = None, driver: bool = True, extensible: bool | None = None,
               cal: Calibration = CALIBRATION) -> Budget:
     """The KV-cache bytes per rank vLLM will find at this utilization, with every term that made it.
 
@@ -679,11 +680,20 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
     (what :func:`measured_overhead_bytes` read from a healthy launch) replaces the estimated
     activation, non-torch and graph terms; ``measured_weights_bytes`` the weights. ``driver=False``:
     a V0 TP worker other than the driver, which does not sample (the driver sets the KV size).
+
+    With the extensible KV cache (0.34+, ``extensible``: by default from the version and platform) vLLM
+    sizes the cache after warm-up and capture from the memory it measures: the budget is capped by what
+    was free at start-up less a margin (:func:`extensible_margin_bytes`),
+    ``kv = min(total x utilization, free at start - margin) - weights - activation - non_torch - graphs``;
+    what the cap takes off the budget is ``other_processes_bytes``.
     """
     total = int(gpu_total_bytes)
     requested = int(math.ceil(total * utilization))
     tp, pp = max(1, tp), max(1, pp)
-    fam = vllm.family(vllm_version)
+    if kv_cache_memory_bytes:
+        extensible = False              # a size fixed in advance turns the extensible KV cache off
+    fam = vllm.family(vllm_version, extensible=extensible, platform=platform)
+    extensible = fam == vllm.EXTENSIBLE_FAMILY
     cc = compute_capability or gpu_compute_capability(device_name)
     if kv_cache_memory_bytes or (platform == "cpu" and cpu_kv_space_gib is not None):
         weights = int((info.weights_bytes or 0) / (tp * pp))
@@ -729,6 +739,10 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
                        family=fam, cudagraph_outside_bytes=outside, max_num_batched_tokens=tokens,
                        max_num_seqs=seqs, measured=True)
         else:
+            if extensible:
+                # the budget is only a cap: what was free at start-up (less this rank's CUDA context) binds
+                free_cap = total - int(other_used_bytes) - vllm.CUDA_CONTEXT_BYTES - extensible_margin_bytes(act)
+                others = max(0, requested - free_cap)
             kv = requested - weights - act - nt - inside - others
             b = Budget(total, utilization, requested, weights, act, nt, inside, others, kv, family=fam,
                        cudagraph_outside_bytes=outside, max_num_batched_tokens=tokens, max_num_seqs=seqs)
@@ -739,6 +753,12 @@ def kv_budget(info: ModelInfo, *, gpu_total_bytes: int, utilization: float, tp: 
             best, best_tokens = b, per_token
     assert best is not None
     return best
+
+
+def extensible_margin_bytes(transient_peak_bytes: int) -> int:
+    """What the extensible KV cache keeps free beyond the transient peak: the larger of 1 GiB and 0.75 x
+    that peak (the first real prefills need more than the profiled peak before the allocator serves them)."""
+    return max(vllm.EXTENSIBLE_MARGIN_FLOOR_BYTES, int(transient_peak_bytes * vllm.EXTENSIBLE_MARGIN_FRACTION))
 
 
 def measured_overhead_bytes(*, gpu_total_bytes: int, utilization: float, weights_bytes: int,

@@ -25,7 +25,6 @@ from supervisor.core.flags import (
     MAX_NUM_SEQS,
     PIPELINE_PARALLEL,
     TENSOR_PARALLEL,
-    UTILIZATION,
     Flags,
 )
 from supervisor.core.plan import Sizing
@@ -52,7 +51,7 @@ def planned(sizing: Sizing | None, flags: Flags, *, total_gib: float | None, fre
         return None
     total = int(total_gib * GiB)
     version = sizing.vllm_version
-    util = flags.get_float(UTILIZATION) or vllm.default_utilization(version)
+    util = vllm.utilization(version, flags, sizing.platform)
     held = 0 if free_gib is None else max(0, int((total_gib - free_gib) * GiB))
     length = flags.get_int(MAX_MODEL_LEN) or served_len or sizing.info.derived_max_model_len
     try:
@@ -67,7 +66,8 @@ def planned(sizing: Sizing | None, flags: Flags, *, total_gib: float | None, fre
                         quantization=flags.get("--quantization"),
                         cpu_offload_bytes=int((flags.get_float(CPU_OFFLOAD) or 0) * GiB),
                         measured_overhead_bytes=sizing.measured_overhead_bytes,
-                        measured_weights_bytes=sizing.measured_weights_bytes)
+                        measured_weights_bytes=sizing.measured_weights_bytes,
+                        extensible=vllm.extensible_kv_cache(version, flags, sizing.platform))
     except (ValueError, ZeroDivisionError, TypeError):
         return None
     def g(n: int) -> float:

@@ -131,8 +131,8 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
                                    max_model_len=flags.get_int(MAX_MODEL_LEN) or info.derived_max_model_len,
                                    chunked_prefill=chunked, compute_capability=cc, world_size=tp * pp)
 
-    util = flags.get_float(UTILIZATION) or vllm.default_utilization(vllm_version)
-    if (platform != "cpu" and may(UTILIZATION) and vllm.checks_free_memory(vllm_version)
+    util = vllm.utilization(vllm_version, flags, platform)
+    if (platform != "cpu" and may(UTILIZATION) and vllm.checks_free_memory(vllm_version, flags, platform)
             and free - context_bytes < total * util):
         lowered = utilization_under_free(free, total, context_bytes=context_bytes, margin=utilization_margin)
         if 0 < lowered < util:
@@ -172,7 +172,8 @@ def fit_launch(info: ModelInfo | None, *, gpu_total_bytes: int | None, gpu_free_
                   max_num_batched_tokens=batched, max_num_seqs=seqs_flag, device_name=device_name, dtype=dtype,
                   compute_capability=cc, quantization=flags.get("--quantization"),
                   cpu_offload_bytes=int((flags.get_float("--cpu-offload-gb") or 0) * GiB),
-                  measured_overhead_bytes=measured_overhead_bytes, measured_weights_bytes=measured_weights_bytes)
+                  measured_overhead_bytes=measured_overhead_bytes, measured_weights_bytes=measured_weights_bytes,
+                  extensible=vllm.extensible_kv_cache(vllm_version, flags, platform))
     tokens = batched or defaults[0]
     v0 = vllm.is_v0(vllm_version)
 

@@ -192,7 +192,7 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
     derived = derive_max_model_len(info, vllm_version)
     target = max_model_len or derived
     floor = min(min_model_len, target)
-    default_u = vllm.default_utilization(vllm_version)
+    default_u = vllm.default_utilization(vllm_version, platform=platform)
     if platform == "cpu" and cpu_kv_space_gib is not None:
         utils = [utilization or default_u]      # the KV size is fixed; utilization does not move it
     else:
@@ -206,7 +206,7 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
                cpu_kv_space_gib=cpu_kv_space_gib, device_name=device_name, cc=cc, target=target, block=block,
                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked=chunked_prefill,
                offload_bytes=offload, dtype=dtype, quantization=quantization)
-    checks = vllm.checks_free_memory(vllm_version) and platform != "cpu"
+    checks = vllm.checks_free_memory(vllm_version, platform=platform) and platform != "cpu"
     rows = []
     for u in utils:
         b = s.budget(u, tp=tp, pp=pp, eager=enforce_eager)
@@ -329,7 +329,7 @@ def build_plan(info: ModelInfo, *, gpu_total_bytes: int, gpu_free_bytes: int | N
         "architectures": list(info.architectures),
         "platform": platform,
         "vllm_version": vllm_version,
-        "rules": {"version": ".".join(map(str, rules)), "family": vllm.family(vllm_version),
+        "rules": {"version": ".".join(map(str, rules)), "family": vllm.family(vllm_version, platform=platform),
                   "source": rules_source or ("given" if vllm_version else "the newest known rules")},
         "fits": fits,
         "cut": fits and held < target,

@@ -111,12 +111,18 @@ class Context:
     fp8_supported: bool | None = None
     sizing: Sizing | None = None                        # the model's facts for the plan, when known
     cpu_kv_space_gib: float | None = None               # VLLM_CPU_KVCACHE_SPACE (wins over --kv-cache-memory-bytes)
+    platform: str = "cuda"                              # "cuda" | "cpu" (the CPU build of vLLM)
 
 
 # -- helpers ----------------------------------------------------------------------------------
 def _version(d: Diagnosis, ctx: Context) -> str | None:
     """The vLLM version: the one detected at start-up, else the one this launch printed."""
     return ctx.vllm_version or d.numbers.get("vllm_version")
+
+
+def _utilization(current: Flags, ctx: Context) -> float:
+    """The share of the GPU the current flags give vLLM (its default where they set none)."""
+    return vllm.utilization(ctx.vllm_version, current, ctx.platform)
 
 
 def _v0(d: Diagnosis, ctx: Context) -> bool:
@@ -344,7 +350,7 @@ def _kv_resized(fit: int, length: int | None, cap: int | None, block: int, d: Di
         tokens, change = chunked
         flags = flags.set(CHUNKED)
         changes.append(change)
-    util = current.get_float(UTIL) or _num(d, "requested_utilization") or vllm.default_utilization(ctx.vllm_version)
+    util = current.get_float(UTIL) or _num(d, "requested_utilization") or _utilization(current, ctx)
     if (_graphs_outside_budget(current, ctx) and ctx.gpu_free_gib and ctx.gpu_total_gib
             and _allowed(ctx, "gpu_memory_utilization")):
         planned = _plan(ctx, flags.set(UTIL, f"{util:g}"), total_gib=ctx.gpu_total_gib, free_gib=ctx.gpu_free_gib)
@@ -569,8 +575,8 @@ def _no_kv_step(step: str, d: Diagnosis, current: Flags, ctx: Context) -> Relaun
     """One step of the no-KV-memory ladder, or None when it does not apply."""
     rules = ctx.rules
     if step == "gpu_memory_utilization" and _allowed(ctx, step):
-        now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
-        target = vllm.default_utilization(ctx.vllm_version)
+        now = _utilization(current, ctx)
+        target = vllm.default_utilization(ctx.vllm_version, current, ctx.platform)
         if ctx.gpu_free_gib and ctx.gpu_total_gib:
             # the most vLLM can take from what is free, and before 0.20 less the room for the CUDA graphs
             # it captures outside its share (the plan's room, which this step must not take back)
@@ -633,7 +639,7 @@ def _oom_kv_alloc(d: Diagnosis, current: Flags, ctx: Context) -> Relaunch | None
     profiling). A share under what they leave fits it, with room for CUDA graphs before 0.20."""
     if "oom_kv_alloc" in ctx.tried or not _allowed(ctx, "gpu_memory_utilization"):
         return None
-    now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
+    now = _utilization(current, ctx)
     target = None
     if ctx.gpu_free_gib and ctx.gpu_total_gib:
         target, _ = _share_under_free(current, ctx, now, free_gib=ctx.gpu_free_gib, total_gib=ctx.gpu_total_gib)
@@ -664,7 +670,7 @@ def _oom_profile(d: Diagnosis, current: Flags, ctx: Context) -> Decision:
         if step:
             return Relaunch(step.flags, step.changes, step.why, step="oom_profile:max_num_batched_tokens")
     if "oom_profile:lower_utilization" not in ctx.tried and _allowed(ctx, "gpu_memory_utilization"):
-        now = current.get_float(UTIL) or vllm.default_utilization(ctx.vllm_version)
+        now = _utilization(current, ctx)
         share = round(now - 0.05, 2)
         if share >= 0.5:
             return _set(current, UTIL, share,

@@ -37,7 +37,6 @@ from supervisor.core.flags import (
     MAX_MODEL_LEN,
     PIPELINE_PARALLEL,
     TENSOR_PARALLEL,
-    UTILIZATION,
     Flags,
     diff,
 )
@@ -402,7 +401,7 @@ class Session:
         if self.sizing is None or self.facts.platform == "cpu" or not self.facts.total_gib or loaded is None:
             return None
         kv_gib = numbers.get("kv_available_gib")
-        utilization = self.current.get_float(UTILIZATION) or vllm.default_utilization(self.vllm_version)
+        utilization = vllm.utilization(self.vllm_version, self.current, self.facts.platform)
         overhead = memory.measured_overhead_bytes(
             gpu_total_bytes=int(self.facts.total_gib * GiB), utilization=utilization,
             weights_bytes=int(float(loaded) * GiB), available_kv_bytes=None if kv_gib is None else int(kv_gib * GiB),
@@ -553,7 +552,7 @@ class Session:
             vllm_version=self.vllm_version, block_size=self.block_size,
             derived_max_model_len=self.derived_max_model_len, fp8_supported=self.fp8_supported, sizing=self.sizing,
             cpu_kv_space_gib=f.cpu_kv_space_gib, last_good=self._last_good, tried=tuple(self._tried),
-            previous=tuple(self._previous), port_failures=self._port_failures)
+            previous=tuple(self._previous), port_failures=self._port_failures, platform=f.platform)
 
     # -- what the shell shows ---------------------------------------------------------------
     def crash_loop(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ Two readings of a version, on purpose:
 
 from __future__ import annotations
 
-from supervisor.core.flags import canonical
+from supervisor.core.flags import KV_CACHE_BYTES, UTILIZATION, Flags, canonical
 from supervisor.core.units import GiB
 
 Version = tuple[int, int, int]
@@ -36,6 +36,13 @@ HYBRID_KV_SINCE: Version = (0, 8, 0)
 NULL_BLOCK_SINCE: Version = (0, 29, 0)
 #: Default ``--gpu-memory-utilization`` raised from 0.90 to 0.92.
 UTILIZATION_092_SINCE: Version = (0, 20, 0)
+#: The extensible KV cache, the default on CUDA and ROCm: sized from the memory measured after warm-up and
+#: CUDA-graph capture, ``--gpu-memory-utilization`` only a cap (default 1.0), no start-up free-memory check.
+EXTENSIBLE_KV_SINCE: Version = (0, 34, 0)
+#: What the extensible KV cache keeps free beyond the transient peak: the larger of 1 GiB and 0.75 x that peak
+#: (``v1/worker/extensible_kv_cache.py``: KV_CACHE_MARGIN_FLOOR_BYTES, KV_CACHE_MARGIN_FRACTION).
+EXTENSIBLE_MARGIN_FLOOR_BYTES = 1 * GiB
+EXTENSIBLE_MARGIN_FRACTION = 0.75
 #: A ``model_max_length`` in config.json replaces (not min-s) the derived length.
 MODEL_MAX_LENGTH_REPLACES_SINCE: Version = (0, 9, 0)
 #: YaRN's factor is no longer multiplied into the derived length.
@@ -134,9 +141,26 @@ def auto_fit_available(version: str | None) -> bool:
     return known_at_least(version, AUTO_FIT_SINCE)
 
 
-def checks_free_memory(version: str | None) -> bool:
-    """vLLM refuses to start when less than total x utilization is free (0.9.1+)."""
-    return rules(version) >= FREE_MEMORY_CHECK_SINCE
+def extensible_kv_cache(version: str | None, flags: Flags | None = None, platform: str = "cuda") -> bool:
+    """vLLM sizes the KV cache from the memory free after warm-up and capture (0.34+ on a GPU), unless the
+    launch fixes its size (``--kv-cache-memory-bytes``, ``--num-gpu-blocks-override``) or turns it off
+    (``--no-enable-extensible-kv-cache``, ``--disable-extensible-kv-cache``). Where the driver lacks VMM
+    support vLLM falls back by itself; nothing before the launch tells that."""
+    if rules(version) < EXTENSIBLE_KV_SINCE or platform == "cpu":
+        return False
+    if flags is None:
+        return True
+    if flags.get(KV_CACHE_BYTES) or flags.get("--num-gpu-blocks-override"):
+        return False
+    if flags.has("--disable-extensible-kv-cache") or flags.has("--no-enable-extensible-kv-cache"):
+        return False
+    return not flags.has("--enable-extensible-kv-cache") or flags.enabled("--enable-extensible-kv-cache")
+
+
+def checks_free_memory(version: str | None, flags: Flags | None = None, platform: str = "cuda") -> bool:
+    """vLLM refuses to start when less than total x utilization is free (0.9.1+; not with the extensible
+    KV cache, whose budget is only a cap)."""
+    return rules(version) >= FREE_MEMORY_CHECK_SINCE and not extensible_kv_cache(version, flags, platform)
 
 
 def graphs_outside_budget(version: str | None) -> bool:
@@ -159,9 +183,16 @@ def holds_null_block(version: str | None) -> bool:
     return rules(version) >= NULL_BLOCK_SINCE
 
 
-def default_utilization(version: str | None) -> float:
-    """vLLM's ``--gpu-memory-utilization`` default: 0.90, and 0.92 from 0.20."""
+def default_utilization(version: str | None, flags: Flags | None = None, platform: str = "cuda") -> float:
+    """vLLM's ``--gpu-memory-utilization`` default: 0.90, 0.92 from 0.20, 1.0 with the extensible KV cache."""
+    if extensible_kv_cache(version, flags, platform):
+        return 1.0
     return 0.92 if rules(version) >= UTILIZATION_092_SINCE else 0.90
+
+
+def utilization(version: str | None, flags: Flags, platform: str = "cuda") -> float:
+    """The share of the GPU a launch with ``flags`` gives vLLM: the flag's, else vLLM's default."""
+    return flags.get_float(UTILIZATION) or default_utilization(version, flags, platform)
 
 
 def v0_chunk_size(version: str | None) -> int:
@@ -180,7 +211,7 @@ def engine_of(version: str | None, logged: str | None = None) -> str:
     return logged if logged in ("v0", "v1") else engine(version)
 
 
-def family(version: str | None) -> str:
+def family(version: str | None, *, extensible: bool | None = None, platform: str = "cuda") -> str:
     """The KV-budget formula a version uses; one of :data:`FAMILIES` (``docs/memory-model.md`` section 1).
 
     ``v0-free`` (V0 <= 0.6.3): the budget less what the process took from free memory;
@@ -190,8 +221,13 @@ def family(version: str | None) -> str:
     taken before NCCL starts; ``v1-0.9`` (0.9.1-0.10): the same in V1; ``v1-0.11`` (0.11-0.19): the
     snapshot after NCCL init, CUDA graphs captured outside the budget; ``v1-0.20`` (0.20-0.26):
     CUDA-graph memory estimated inside the budget; ``v1-0.27`` (0.27+): free-memory based
-    non-KV total, graphs estimated inside.
+    non-KV total, graphs estimated inside; ``v1-0.34x`` (0.34+ on a GPU): the extensible KV cache, sized
+    after warm-up and capture from the memory then free (``extensible``: None for vLLM's default).
     """
+    if extensible is None:
+        extensible = extensible_kv_cache(version, platform=platform)
+    if extensible:
+        return EXTENSIBLE_FAMILY
     v = rules(version)
     if v < V1_SINCE:
         if v < V0_GLOBAL_CAP_SINCE:
@@ -211,7 +247,10 @@ def family(version: str | None) -> str:
 
 
 #: Every budget family, oldest first.
-FAMILIES = ("v0-free", "v0-global", "v0-profiled", "v1-global", "v1-0.9", "v1-0.11", "v1-0.20", "v1-0.27")
+#: The extensible KV cache's formula (0.34+ on a GPU, unless the launch turns it off: :func:`extensible_kv_cache`).
+EXTENSIBLE_FAMILY = "v1-0.34x"
+FAMILIES = ("v0-free", "v0-global", "v0-profiled", "v1-global", "v1-0.9", "v1-0.11", "v1-0.20", "v1-0.27",
+            EXTENSIBLE_FAMILY)
 
 
 def nccl_buffers_in_budget(version: str | None) -> bool:

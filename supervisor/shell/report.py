@@ -212,7 +212,7 @@ class Report:
                 log.debug("plan picture failed", exc_info=True)
                 drawn = None
             self._plan_picture = (key, drawn)
-        util = s.current.get_float(UTILIZATION) or vllm.default_utilization(s.vllm_version)
+        util = vllm.utilization(s.vllm_version, s.current, s.facts.platform)
         return {"plan": self._plan_picture[1],
                 "vllm": picture.printed(numbers, total_gib=s.facts.total_gib, utilization=util)}
 

@@ -12,6 +12,7 @@ import pytest
 from supervisor.core import gpus as G
 from supervisor.core import memory as M
 from supervisor.core import vllm as V
+from supervisor.core.flags import Flags
 from supervisor.core.model import ModelInfo, derive_max_model_len
 from supervisor.facts.model_files import load_model_info
 from supervisor.facts.nvml import GpuDevice
@@ -339,9 +340,11 @@ def test_batch_defaults_follow_the_device_size():
 
 def test_version_families():
     assert [V.family(v) for v in ("0.5.5", "0.6.4.post1", "0.6.5", "0.7.3", "0.8.4", "0.9.1", "0.10.2", "0.11.0",
-                                  "0.19.1", "0.20.0", "0.26.0", "0.27.0", None)] == [
+                                  "0.19.1", "0.20.0", "0.26.0", "0.27.0", "0.33.0", "0.34.0", None)] == [
         "v0-free", "v0-global", "v0-profiled", "v0-profiled", "v1-global", "v1-0.9", "v1-0.9", "v1-0.11",
-        "v1-0.11", "v1-0.20", "v1-0.20", "v1-0.27", "v1-0.27"]
+        "v1-0.11", "v1-0.20", "v1-0.20", "v1-0.27", "v1-0.27", "v1-0.34x", "v1-0.34x"]
+    # 0.34 without the extensible KV cache (turned off, or the CPU backend) sizes it as 0.27-0.33 did
+    assert V.family("0.34.0", extensible=False) == V.family("0.34.0", platform="cpu") == "v1-0.27"
     assert V.sampler_bytes_per_element("0.6.2") == 40 and V.sampler_bytes_per_element("0.11.0") == 38
     assert V.sampler_bytes_per_element("0.10.1", flashinfer=True) == 14
     assert V.sampler_bytes_per_element("0.17.0", rows=4) == 38 and V.sampler_bytes_per_element("0.21.0") == 14
@@ -349,8 +352,42 @@ def test_version_families():
 
 def test_default_utilization_by_version():
     assert V.default_utilization("0.9.2") == 0.90
-    assert V.default_utilization("0.20.0") == 0.92
-    assert V.default_utilization(None) == 0.92
+    assert V.default_utilization("0.20.0") == 0.92 and V.default_utilization("0.33.0") == 0.92
+    # 0.34 (CacheConfig.resolved_gpu_memory_utilization): 1.0 with the extensible KV cache, its default on a GPU;
+    # an unknown version is planned as the newest
+    assert V.default_utilization("0.34.0") == 1.0 and V.default_utilization(None) == 1.0
+    for off in ("--kv-cache-memory-bytes 8589934592", "--num-gpu-blocks-override 1000",
+                "--no-enable-extensible-kv-cache", "--disable-extensible-kv-cache",
+                "--enable-extensible-kv-cache --no-enable-extensible-kv-cache"):
+        assert V.default_utilization("0.34.0", Flags.parse(off)) == 0.92, off
+    assert V.default_utilization("0.34.0", Flags.parse("--enable-extensible-kv-cache")) == 1.0
+    assert V.default_utilization("0.34.0", platform="cpu") == 0.92          # CUDA and ROCm only
+    assert V.utilization("0.34.0", Flags.parse("--gpu-memory-utilization 0.8")) == 0.8
+    assert V.checks_free_memory("0.33.0") and not V.checks_free_memory("0.34.0")
+    assert V.checks_free_memory("0.34.0", Flags.parse("--no-enable-extensible-kv-cache"))
+
+
+def test_the_extensible_kv_cache_is_capped_by_what_was_free_at_start_up():
+    """0.34 sizes the cache after warm-up and capture (extensible_kv_cache.py: measure_kv_cache_bytes):
+    min(total x utilization, free at start-up - margin) less all vLLM holds but the cache, less the transient
+    peak; the margin is max(1 GiB, 0.75 x that peak), and vLLM's free figure lacks its own CUDA context."""
+    llama = model("Llama-3.1-8B-Instruct")
+    total = int(79.19 * GiB)
+
+    def kv(util: float, others: int = 0, **kw) -> M.Budget:
+        return M.kv_budget(llama, gpu_total_bytes=total, utilization=util, vllm_version="0.34.0",
+                           other_used_bytes=others, **kw)
+
+    b = kv(1.0)
+    assert b.family == "v1-0.34x"
+    margin = max(GiB, int(0.75 * b.activation_bytes))
+    assert kv(1.0, extensible=False).kv_bytes - b.kv_bytes == int(0.4 * GiB) + margin
+    assert kv(1.0, others=10 * GiB).kv_bytes == b.kv_bytes - 10 * GiB      # every byte others hold
+    assert kv(0.5).kv_bytes == kv(0.5, extensible=False).kv_bytes          # a low cap binds first
+    assert b.cudagraph_bytes > 0
+    assert kv(1.0, enforce_eager=True).kv_bytes - b.kv_bytes == b.cudagraph_bytes
+    # the parts still add up to the budget: what the cap withholds is counted with other processes
+    assert (b.weights_bytes + b.overhead_bytes + b.other_processes_bytes + b.kv_bytes) == b.requested_bytes
 
 
 def test_max_concurrency_is_tokens_over_context():

@@ -138,6 +138,14 @@ def test_busy_gpu_on_a_global_cap_version_keeps_utilization():
     assert "--gpu-memory-utilization" not in fl.flags
 
 
+def test_busy_gpu_with_the_extensible_kv_cache_keeps_utilization():
+    # 0.34's extensible KV cache has no start-up free-memory check: its share is a cap and what is free binds
+    fl = launch("Qwen2.5-7B-Instruct", free=CARD_24 - 4 * GiB, version="0.34.0")
+    assert "--gpu-memory-utilization" not in fl.flags
+    off = launch("Qwen2.5-7B-Instruct", ["--no-enable-extensible-kv-cache"], free=CARD_24 - 4 * GiB, version="0.34.0")
+    assert off.flags["--gpu-memory-utilization"] == "0.8"          # as from 0.20: (19.55 - 0.4) / 23.55 - 0.005
+
+
 def test_user_utilization_is_respected_when_free():
     fl = launch("Llama-3.1-8B-Instruct", ["--gpu-memory-utilization", "0.95"])
     assert "--gpu-memory-utilization" not in fl.flags

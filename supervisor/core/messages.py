@@ -90,12 +90,19 @@ _RX_CMD_UTIL = re.compile(r"--gpu[-_]memory[-_]utilization[= ]+['\"]?(\d*\.?\d+)
 _COMMANDS = ("vllm serve", "$ vllm", "$ python", "python -m vllm", "python3 -m vllm", "+ vllm", "docker run",
              "CUDA_VISIBLE_DEVICES=", "VLLM_")
 _RX_ARG_UTIL = re.compile(r"['\"]?gpu_memory_utilization['\"]?\s*[=:]\s*" + _F)
-_RX_AUTOFIT = re.compile(r"Auto-fit max_model_len: (?:reduced from (\d+) to (\d+)|full model context length (\d+))")
+#: vLLM's --max-model-len auto choice, in each wording (0.14-0.33 "Auto-fit max_model_len: ...", 0.34's final fit
+#: after warm-up and its "--max-model-len auto reduced ..."): the last number group that matched is the length
+_RX_AUTOFIT = re.compile(r"Auto-fit max_model_len: (?:reduced from \d+ to (\d+)|full model context length (\d+)"
+                         r"|(?:attention-free model, )?using (?:derived )?max_model_len=(\d+))"
+                         r"|--max-model-len auto reduced max_model_len from \d+ to (\d+)")
 _RX_KVTOK = re.compile(r"KV cache size: ([\d,]+) tokens")
 _RX_BLOCKS = re.compile(r"# (?:GPU|cuda|npu|xpu|hpu) blocks: (\d+)")
 _RX_LOADED = re.compile(r"(?:Model loading|Loading model weights) took " + _F + r" ?(GiB|GB)")
+# the KV cache's memory: V1's profile, V0 0.6.4-0.7's results, and 0.34's extensible KV cache committed after
+# warm-up ("Extended KV cache to N blocks (X GiB)", after the profile's tentative figure: the last one stands)
 _RX_AVAIL = re.compile(r"(?:Available KV cache memory: |the rest of the memory reserved for KV Cache is "
-                       r"|Memory profiling results: .*?\bkv_cache_size=)" + _F + r" ?GiB")   # (V0 0.6.4-0.7)
+                       r"|Memory profiling results: .*?\bkv_cache_size=|Extended KV cache to \d+ blocks \()"
+                       + _F + r" ?GiB")
 _RX_SERVED = re.compile(r"Using max model len (\d+)")
 # the memory CUDA graphs took, as vLLM measured it: capture_model's "Graph capturing finished in 12 secs,
 # took 0.56 GiB" (0.6.4+), then _compile_or_warm_up_model's "CUDA graph pool memory: 0.56 GiB (actual),
@@ -162,7 +169,7 @@ def _info_numbers(text: str) -> dict[str, Any]:
             out[key] = conv(m)
     m = _RX_AUTOFIT.search(text)
     if m:
-        out["auto_fit_max_model_len"] = int(m.group(2) or m.group(3))
+        out["auto_fit_max_model_len"] = int(next(g for g in m.groups() if g))
     return out
 
 

@@ -119,6 +119,18 @@ def test_milestones_are_read_as_the_table_says(row: dict) -> None:
     assert c.diagnose(None).kind in (Kind.INCOMPLETE, Kind.HEALTHY)
 
 
+@pytest.mark.parametrize("row", [r for r in ROWS if r["kind"].startswith("milestone:") and r["guard_numbers"]],
+                         ids=lambda r: r["id"])
+def test_the_numbers_a_milestone_states_are_read_in_every_wording(row: dict) -> None:
+    """What the guard measures with (the weights, the KV cache's memory, blocks and tokens, the graphs, the length
+    vLLM serves or auto-fit chose), written out per wording in the table's ``guard_numbers``."""
+    c = Classifier()
+    c.feed(f"INFO 11-30 12:00:00 [x.py:1] {row['example'].split(chr(10))[0]}")
+    got = c.diagnose(None).numbers
+    want = cat._numbers(row)
+    assert {k: got.get(k) for k in want} == want
+
+
 # --------------------------------------------------------------------------- the engine generation
 _NAMES_THE_VERSION = ("version", "Initializing a", "LLM engine (v")
 _AFTER_INIT = {"loading", "profiling", "kv_cache", "cudagraph", "warmup", "api_starting", "serving"}
